@@ -1,0 +1,64 @@
+"""The ``agentload`` command: the front door that mounts each room's own sub-app.
+
+Any ``AgentloadError`` becomes one line on stderr and exit status 2 (no traceback);
+Ctrl-C and SIGTERM unwind normally, so servers agentload started are stopped and runs
+are finalized on the way out.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+import click
+import typer
+
+from agentload import AgentloadError, __version__
+from agentload.replay.cli import app as replay_app
+from agentload.traces.cli import app as traces_app
+
+app = typer.Typer(
+    name="agentload",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Replay agentic LLM traffic against vLLM and measure what each user experiences.",
+)
+app.add_typer(replay_app)  # serve, replay, demo at the top level
+app.add_typer(traces_app, name="traces")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"agentload {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Replay agentic LLM traffic against vLLM and measure what each user experiences."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        app(args=argv, prog_name="agentload", standalone_mode=False)
+    except AgentloadError as exc:
+        print(f"agentload: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        print("agentload: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,28 @@
+"""agentload.replay: serve targets, replay traces against them, and measure every request."""
+
+from __future__ import annotations
+
+from agentload.replay.engine import ProgressSnapshot, ReplayEngine, ReplayOptions, Target
+from agentload.replay.errors import ReplayError, ServerError
+from agentload.replay.metrics import summarize, with_request_metrics
+from agentload.replay.run import RunResult, run_replay
+from agentload.replay.server import ManagedServer, ServerSpec, embedded_server_spec
+from agentload.replay.tiny_model import TinyModelSpec, ensure_tiny_model
+
+__all__ = [
+    "ManagedServer",
+    "ProgressSnapshot",
+    "ReplayEngine",
+    "ReplayError",
+    "ReplayOptions",
+    "RunResult",
+    "ServerError",
+    "ServerSpec",
+    "Target",
+    "TinyModelSpec",
+    "embedded_server_spec",
+    "ensure_tiny_model",
+    "run_replay",
+    "summarize",
+    "with_request_metrics",
+]

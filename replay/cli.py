@@ -1,0 +1,177 @@
+"""The replay room's commands: ``agentload serve``, ``agentload replay``, ``agentload demo``.
+
+Thin wrappers over ``agentload.replay.run_replay`` and ``agentload.replay.server``; each
+option maps to a field of ``ReplayOptions`` or an argument of ``run_replay``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentload.replay.engine import ReplayOptions
+from agentload.replay.errors import ReplayError
+from agentload.replay.run import (
+    ProgressMode,
+    RunResult,
+    default_demo_dir,
+    new_cache_salt,
+    run_replay,
+    say_stderr,
+    summary_lines,
+)
+from agentload.replay.server import ManagedServer, embedded_server_spec
+from agentload.replay.tiny_model import ensure_tiny_model
+from agentload.traces import demo_trace_path
+
+app = typer.Typer(no_args_is_help=True)
+
+Users = Annotated[int, typer.Option("--users", "-u", min=1,
+                                    help="Number of user lanes (closed loop).")]
+Duration = Annotated[float | None, typer.Option(
+    "--duration", min=0.0, help="Stop sending new requests after this many seconds.")]
+Headless = Annotated[bool | None, typer.Option(
+    "--headless/--no-headless",
+    help="Plain progress lines every 5 s instead of a live status line (the default when "
+    "stdout is not a TTY).")]
+
+
+def _options(users: int, duration: float | None, max_requests: int | None, time_scale: float,
+             cache_salt: int | None, request_timeout: float) -> ReplayOptions:
+    return ReplayOptions(
+        users=users, duration_s=duration, max_requests=max_requests, time_scale=time_scale,
+        cache_salt=cache_salt if cache_salt is not None else new_cache_salt(),
+        request_timeout_s=request_timeout,
+    )
+
+
+def _progress_mode(headless: bool | None) -> ProgressMode:
+    if headless is None:
+        headless = not sys.stdout.isatty()
+    return "headless" if headless else "live"
+
+
+def _print_result(result: RunResult) -> None:
+    head = "interrupted run" if result.interrupted else "run"
+    typer.echo(f"{head} written to {result.run_dir}")
+    for line in summary_lines(result.summary):
+        typer.echo(line)
+    if result.report_html is not None:
+        typer.echo(f"report: {result.report_html}")
+        typer.echo(f"        {result.report_md}")
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Trace file (agentload JSONL).")],
+    target: Annotated[str | None, typer.Option(
+        "--target", "-t", help="Base URL of an OpenAI-compatible server, e.g. "
+        "http://127.0.0.1:8000.")] = None,
+    embedded: Annotated[bool, typer.Option(
+        "--embedded", help="Start the embedded vLLM CPU server for this run.")] = False,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Run directory.")] = Path(
+        "runs/replay"),
+    users: Users = 4,
+    duration: Duration = None,
+    max_requests: Annotated[int | None, typer.Option(
+        "--max-requests", min=1, help="Send at most this many requests.")] = None,
+    time_scale: Annotated[float, typer.Option(
+        "--time-scale", min=0.0, help="Multiply every pause by this (0 = no pauses).")] = 1.0,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model name to request (default: the server's first model).")] = None,
+    gpus: Annotated[int | None, typer.Option(
+        "--gpus", min=1, help="GPUs behind the target, for throughput per GPU (default 1).")
+    ] = None,
+    cache_salt: Annotated[int | None, typer.Option(
+        "--cache-salt", help="Seed of the prompt token ids (default: fresh per run, so no "
+        "cache hits carry over from earlier runs).")] = None,
+    request_timeout: Annotated[float, typer.Option(
+        "--request-timeout", min=1.0, help="Seconds a request may take end to end.")] = 600.0,
+    api_key_env: Annotated[str, typer.Option(
+        "--api-key-env", help="Environment variable holding the API key, if any.")
+    ] = "OPENAI_API_KEY",
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.md/html.")] = False,
+    headless: Headless = None,
+) -> None:
+    """Replay TRACE against a server and write the run to --output.
+
+    Every prompt is sent as token ids to /v1/completions with exact lengths and exact
+    reuse of earlier blocks, max_tokens = the trace's output length and ignore_eos.
+
+    Examples:
+
+      agentload replay trace.jsonl --target http://127.0.0.1:8000 --users 8 -o runs/a
+
+      agentload replay trace.jsonl --embedded --duration 60 -o runs/cpu
+    """
+    result = run_replay(
+        trace, output, target_url=target, embedded=embedded,
+        options=_options(users, duration, max_requests, time_scale, cache_salt,
+                         request_timeout),
+        model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
+        report=not no_report, progress=_progress_mode(headless),
+    )
+    _print_result(result)
+
+
+@app.command()
+def demo(
+    duration: Duration = None,
+    users: Users = 4,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Run directory (default runs/<timestamp>).")] = None,
+    headless: Headless = None,
+) -> None:
+    """Start the embedded vLLM CPU server, replay the bundled agent trace, write a report.
+
+    Takes about two minutes on 2 cores (most of it vLLM starting up); --duration bounds
+    the replay itself.
+    """
+    result = run_replay(
+        demo_trace_path(), output or default_demo_dir(), embedded=True,
+        options=_options(users, duration, None, 1.0, None, 600.0),
+        progress=_progress_mode(headless),
+    )
+    _print_result(result)
+
+
+@app.command()
+def serve(
+    embedded: Annotated[bool, typer.Option(
+        "--embedded", help="Serve the embedded tiny Llama on vLLM's CPU build.")] = False,
+    port: Annotated[int | None, typer.Option(
+        "--port", min=1, max=65535, help="Port (default: a free one).")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    log: Annotated[Path, typer.Option("--log", help="Where the server log goes.")] = Path(
+        "runs/server.log"),
+    build_only: Annotated[bool, typer.Option(
+        "--build-only", help="Only build the tiny model (into the cache) and print its path.")
+    ] = False,
+) -> None:
+    """Start a server and keep it running until Ctrl-C.
+
+    Example: agentload serve --embedded --port 8000
+    """
+    if not embedded:
+        raise ReplayError("serve needs --embedded (arm files for real vLLM deployments are "
+                          "not supported yet)")
+    if build_only:
+        typer.echo(ensure_tiny_model())
+        return
+    spec = embedded_server_spec(port=port, host=host)
+    with ManagedServer(spec, log, progress=say_stderr) as server:
+        typer.echo(f"serving {spec.served_model} at {spec.base_url} (pid {server.pid}, "
+                   f"log {log}); Ctrl-C stops it")
+        sys.stdout.flush()
+        try:
+            while server.running():
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            typer.echo("stopping")
+            return
+    raise ReplayError(f"the server exited on its own; see {log}")

@@ -1,0 +1,299 @@
+"""The replay engine: N user lanes play trace sessions against a target, closed loop.
+
+Lane ``i`` of ``N`` plays sessions ``i, i+N, i+2N, ...`` one after another. Inside a
+session every request waits for the requests it depends on, then for its pause (think
+or tool time, times ``time_scale``), then streams; subagent chains therefore run beside
+their parent inside the parent's lane, and in-flight requests may exceed N. Each
+finished request is written to the journal at once. The engine keeps a few live
+counters and hands out immutable ``ProgressSnapshot``s for progress lines and the
+dashboard; nothing a viewer does runs on the request path.
+
+The engine also tracks what a perfect, infinite prefix cache would hold *given the
+actual timing*: a request's blocks become cacheable when its first token arrives (its
+prefill is done), and each request records how many of its prompt tokens were already
+cacheable when it was sent. Summed, that is the run's theoretical prefix-cache hit rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from agentload.replay.client import StreamResult, stream_completion
+from agentload.replay.journal import Journal, RequestRecord
+from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
+from agentload.traces import Request, Session, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where requests go. ``api_key`` is sent as a bearer token and never recorded."""
+
+    base_url: str
+    model: str
+    gpus: int = 1
+    device: str = "gpu"
+    label: str = "target"
+    token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
+    api_key: str | None = field(default=None, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        """The target as it may appear in run metadata (no secrets)."""
+        return {"base_url": self.base_url, "model": self.model, "gpus": self.gpus,
+                "device": self.device, "label": self.label,
+                "token_id_range": list(self.token_id_range)}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How to replay; recorded whole in ``run.json``."""
+
+    users: int = 4
+    duration_s: float | None = None
+    max_requests: int | None = None
+    time_scale: float = 1.0
+    cache_salt: int = 0
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int | None = None
+    output_mode: Literal["canned"] = "canned"
+
+    def connection_limit(self) -> int:
+        return self.max_connections or max(16, 4 * self.users)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSnapshot:
+    """The run at one instant, safe to hand to another thread."""
+
+    elapsed_s: float
+    requests_total: int
+    requests_done: int
+    requests_failed: int
+    requests_skipped: int
+    in_flight: int
+    users_active: int
+    users: int
+    p90_interactivity_tok_s: float | None
+    ttft_p90_s: float | None
+    eta_s: float | None
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutcome:
+    sent: int
+    completed: int
+    failed: int
+    skipped: int
+    stop_reason: str
+    duration_s: float
+
+
+class ReplayEngine:
+    """Plays ``trace`` against ``target`` with ``options.users`` lanes; ``await run()``."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        target: Target,
+        options: ReplayOptions,
+        journal: Journal,
+        client: httpx.AsyncClient,
+        on_record: Callable[[RequestRecord], None] | None = None,
+    ) -> None:
+        if options.users < 1:
+            raise ValueError("users must be at least 1")
+        self.trace = trace
+        self.target = target
+        self.options = options
+        self.journal = journal
+        self.client = client
+        self.on_record = on_record
+        self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
+        self._url = target.base_url.rstrip("/") + "/v1/completions"
+        self._headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
+        self._prefilled: set[int] = set()
+        self._t0_ns = 0
+        self._deadline_ns: int | None = None
+        self._sent = self._completed = self._failed = self._skipped = 0
+        self._in_flight = 0
+        self._lanes_active = 0
+        self._finished = False
+        self._itl_s: list[float] = []
+        self._ttft_s: list[float] = []
+        self.total_requests = min(trace.num_requests, options.max_requests or trace.num_requests)
+
+    def now_ns(self) -> int:
+        """Nanoseconds since the run started."""
+        return time.perf_counter_ns() - self._t0_ns
+
+    @property
+    def t0_ns(self) -> int:
+        return self._t0_ns
+
+    async def run(self) -> EngineOutcome:
+        self._t0_ns = time.perf_counter_ns()
+        if self.options.duration_s is not None:
+            self._deadline_ns = int(self.options.duration_s * 1e9)
+        self.journal.write_event("replay_start", 0, users=self.options.users)
+        sessions = list(self.trace.sessions)
+        lanes = [sessions[i:: self.options.users] for i in range(self.options.users)]
+        try:
+            await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
+        finally:
+            self._finished = True
+        stop_reason = "trace finished"
+        if self._deadline_ns is not None and self.now_ns() >= self._deadline_ns:
+            stop_reason = "duration reached"
+        if self.options.max_requests is not None and self._sent >= self.options.max_requests:
+            stop_reason = "max requests reached"
+        outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
+                                stop_reason, self.now_ns() / 1e9)
+        self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
+        return outcome
+
+    async def _lane(self, lane: int, sessions: list[Session]) -> None:
+        for session in sessions:
+            if self._dispatch_closed(self.now_ns()):
+                self._skipped += len(session.requests)
+                continue
+            self._lanes_active += 1
+            try:
+                await self._play_session(lane, session)
+            finally:
+                self._lanes_active -= 1
+
+    async def _play_session(self, lane: int, session: Session) -> None:
+        loop = asyncio.get_running_loop()
+        done: dict[str, asyncio.Future[int]] = {r.id: loop.create_future()
+                                                for r in session.requests}
+
+        async def play(turn: int, req: Request) -> None:
+            try:
+                ready = max([await done[d] for d in req.depends_on], default=self.now_ns())
+                intended = ready + int(req.pause_s * self.options.time_scale * 1e9)
+                delay = (intended - self.now_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self._dispatch_closed(intended):
+                    self._skipped += 1
+                    return
+                await self._send(lane, turn, req, intended)
+            finally:
+                if not done[req.id].done():
+                    done[req.id].set_result(self.now_ns())
+
+        await asyncio.gather(*(play(t, r) for t, r in enumerate(session.requests)))
+
+    def _dispatch_closed(self, intended_ns: int) -> bool:
+        if self._deadline_ns is not None and intended_ns >= self._deadline_ns:
+            return True
+        return self.options.max_requests is not None and self._sent >= self.options.max_requests
+
+    def _theoretical_hit(self, req: Request) -> int:
+        hit = 0
+        for n, block in enumerate(req.blocks):
+            if block.id not in self._prefilled:
+                return hit
+            hit += block.tokens
+        # Fully cached: the server still recomputes the last block to get logits.
+        return hit - req.blocks[-1].tokens if n == len(req.blocks) - 1 else hit
+
+    async def _send(self, lane: int, turn: int, req: Request, intended_ns: int) -> None:
+        body = {
+            "model": self.target.model,
+            "prompt": self.prompts.prompt(req.blocks),
+            "max_tokens": req.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        theoretical = self._theoretical_hit(req)
+        block_ids = [b.id for b in req.blocks]
+        self._sent += 1
+        self._in_flight += 1
+        try:
+            res = await stream_completion(
+                self.client, self._url, body, headers=self._headers,
+                on_first_token=lambda _ns: self._prefilled.update(block_ids),
+            )
+        finally:
+            self._in_flight -= 1
+        rec = self._record(lane, turn, req, intended_ns, res, theoretical)
+        if rec.ok:
+            self._completed += 1
+            self._observe(rec)
+        else:
+            self._failed += 1
+        self.journal.write_request(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    def _record(self, lane: int, turn: int, req: Request, intended_ns: int,
+                res: StreamResult, theoretical: int) -> RequestRecord:
+        t0 = self._t0_ns
+
+        def rel(ns: int | None) -> int | None:
+            return None if ns is None else ns - t0
+
+        osl, source = res.completion_tokens, "server"
+        if osl is None and res.ok:
+            osl, source = res.client_tokens, "client"
+        return RequestRecord(
+            request_id=req.id, session_id=req.session_id, lane=lane, agent_kind=req.agent_kind,
+            turn=turn, phase="measure", intended_ns=intended_ns, sent_ns=res.sent_ns - t0,
+            first_token_ns=rel(res.first_token_ns), last_token_ns=rel(res.last_token_ns),
+            done_ns=(res.done_ns or res.sent_ns) - t0, isl_requested=req.input_tokens,
+            osl_requested=req.output_tokens, isl=res.prompt_tokens, osl=osl, osl_source=source,
+            cached_tokens=res.cached_tokens, theoretical_cached_tokens=theoretical,
+            chunks=res.chunks, ok=res.ok, status=res.status, error=res.error,
+        )
+
+    def _observe(self, rec: RequestRecord) -> None:
+        assert rec.first_token_ns is not None and rec.last_token_ns is not None
+        self._ttft_s.append((rec.first_token_ns - rec.sent_ns) / 1e9)
+        if rec.osl is not None and rec.osl >= 2:
+            self._itl_s.append((rec.last_token_ns - rec.first_token_ns) / 1e9 / (rec.osl - 1))
+
+    def snapshot(self) -> ProgressSnapshot:
+        elapsed = self.now_ns() / 1e9 if self._t0_ns else 0.0
+        finished = self._completed + self._failed + self._skipped
+        eta = None
+        if 0 < finished < self.total_requests:
+            eta = elapsed * (self.total_requests - finished) / finished
+        if self._deadline_ns is not None:
+            remaining = max(0.0, self._deadline_ns / 1e9 - elapsed)
+            eta = remaining if eta is None else min(eta, remaining)
+        itl = np.percentile(self._itl_s, 90) if self._itl_s else None
+        ttft = float(np.percentile(self._ttft_s, 90)) if self._ttft_s else None
+        return ProgressSnapshot(
+            elapsed_s=elapsed, requests_total=self.total_requests,
+            requests_done=self._completed, requests_failed=self._failed,
+            requests_skipped=self._skipped, in_flight=self._in_flight,
+            users_active=self._lanes_active, users=self.options.users,
+            p90_interactivity_tok_s=(1.0 / float(itl)) if itl else None,
+            ttft_p90_s=ttft, eta_s=eta, finished=self._finished,
+        )
+
+
+def build_http_client(options: ReplayOptions) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` over the aiohttp transport, sized for ``options``.
+
+    httpx's own connection pool degrades badly past a few hundred concurrent streams;
+    the ``httpx-aiohttp`` transport keeps httpx's API without that cliff.
+    """
+    from httpx_aiohttp import AiohttpTransport
+
+    limits = httpx.Limits(max_connections=options.connection_limit(),
+                          max_keepalive_connections=options.connection_limit())
+    timeout = httpx.Timeout(options.request_timeout_s, connect=options.connect_timeout_s)
+    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits,
+                             timeout=timeout, trust_env=False)

@@ -1,0 +1,127 @@
+"""The run journal: an append-only JSONL file written as each request finishes.
+
+Every finished request (and every run event) is one line, flushed at once, so a run
+killed at any moment (Ctrl-C, server death, ``kill -9``) keeps every request that had
+completed; ``read_journal`` skips a torn last line. ``finalize`` turns the journal
+into ``requests.parquet``, the table every metric and report is computed from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import orjson
+import polars as pl
+
+JOURNAL_NAME = "journal.jsonl"
+REQUESTS_NAME = "requests.parquet"
+
+Phase = Literal["warmup", "measure"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request. Times are ns since the run's start (``perf_counter_ns``)."""
+
+    request_id: str
+    session_id: str
+    lane: int
+    agent_kind: str
+    turn: int
+    phase: Phase
+    intended_ns: int
+    sent_ns: int
+    first_token_ns: int | None
+    last_token_ns: int | None
+    done_ns: int
+    isl_requested: int
+    osl_requested: int
+    isl: int | None
+    osl: int | None
+    osl_source: str
+    cached_tokens: int | None
+    theoretical_cached_tokens: int
+    chunks: int
+    ok: bool
+    status: int | None
+    error: str | None
+
+
+REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String(), "session_id": pl.String(), "lane": pl.Int32(),
+    "agent_kind": pl.String(), "turn": pl.Int32(), "phase": pl.String(),
+    "intended_ns": pl.Int64(), "sent_ns": pl.Int64(), "first_token_ns": pl.Int64(),
+    "last_token_ns": pl.Int64(), "done_ns": pl.Int64(), "isl_requested": pl.Int64(),
+    "osl_requested": pl.Int64(), "isl": pl.Int64(), "osl": pl.Int64(),
+    "osl_source": pl.String(), "cached_tokens": pl.Int64(),
+    "theoretical_cached_tokens": pl.Int64(), "chunks": pl.Int64(), "ok": pl.Boolean(),
+    "status": pl.Int32(), "error": pl.String(),
+}
+assert set(REQUEST_SCHEMA) == {f.name for f in dataclasses.fields(RequestRecord)}
+
+
+class Journal:
+    """Append-only writer; every ``write_*`` reaches the file before it returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: IO[bytes] = open(path, "ab")
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._fh.write(orjson.dumps(obj) + b"\n")
+        self._fh.flush()
+
+    def write_run(self, meta: dict[str, Any]) -> None:
+        self._write({"type": "run", **meta})
+
+    def write_request(self, rec: RequestRecord) -> None:
+        self._write({"type": "request", **dataclasses.asdict(rec)})
+
+    def write_event(self, kind: str, t_ns: int, **fields: Any) -> None:
+        self._write({"type": "event", "kind": kind, "t_ns": t_ns, **fields})
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_journal(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(run/event lines, request lines) of a journal; a torn final line is ignored."""
+    meta: list[dict[str, Any]] = []
+    requests: list[dict[str, Any]] = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line cut short by kill -9; everything before it is intact
+            if obj.get("type") == "request":
+                obj.pop("type")
+                requests.append(obj)
+            else:
+                meta.append(obj)
+    return meta, requests
+
+
+def request_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """The journal's request lines as a typed frame, sorted by send time."""
+    frame = pl.DataFrame(rows, schema=REQUEST_SCHEMA) if rows else pl.DataFrame(
+        schema=REQUEST_SCHEMA)
+    return frame.sort("sent_ns")
+
+
+def finalize(run_dir: Path) -> pl.DataFrame:
+    """Write ``requests.parquet`` from the journal and return the frame."""
+    _, rows = read_journal(run_dir / JOURNAL_NAME)
+    frame = request_frame(rows)
+    frame.write_parquet(run_dir / REQUESTS_NAME)
+    return frame

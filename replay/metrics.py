@@ -1,0 +1,157 @@
+"""Per-request metrics and run aggregates, exactly as ../shared/DESIGN.md defines them.
+
+Per request (from ``requests.parquet``; ns since run start):
+  TTFT = first token chunk - sent;  E2EL = last token chunk - sent;
+  ITL (= TPOT) = (E2EL - TTFT) / (OSL - 1) for OSL >= 2;  interactivity = 1 / ITL.
+Aggregates are request-weighted over the measured, successful requests, with linearly
+interpolated percentiles (numpy's default, passed explicitly to polars, whose default is
+"nearest"):
+  P90 interactivity = 1 / P90(ITL)  (the slow tail, AgentX v1.0);
+  E2E-normalized P90 interactivity = 1 / P90(E2EL / OSL);
+  decode throughput = sum(OSL - 1) / time during which at least one request is decoding;
+  output throughput = sum(OSL) / window;  throughput per GPU = (sum ISL + sum OSL) / window / GPUs,
+where the window runs from the first send to the last token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+DEFINITIONS = {
+    "ttft_s": "first token chunk (content or reasoning) - sent, seconds",
+    "e2el_s": "last token chunk - sent, seconds",
+    "itl_s": "(E2EL - TTFT) / (OSL - 1), seconds, for OSL >= 2 (= TPOT)",
+    "p90_interactivity_tok_s": "1 / P90(ITL_i), request-weighted, linear interpolation",
+    "e2e_norm_p90_interactivity_tok_s": "1 / P90(E2EL_i / OSL_i), request-weighted",
+    "ttft_p90_s": "P90(TTFT_i), linear interpolation",
+    "decode_throughput_tok_s": "sum(OSL_i - 1) / time with >= 1 request decoding (prefill excluded)",
+    "output_throughput_tok_s": "sum(OSL_i) / (last token - first send)",
+    "throughput_per_gpu_tok_s": "(sum(ISL_i) + sum(OSL_i)) / window / gpus",
+    "server_prefix_cache_hit_rate": "delta vllm:prefix_cache_hits / delta "
+                                    "vllm:prefix_cache_queries over the run (tokens)",
+    "theoretical_prefix_cache_hit_rate": "sum of prompt tokens an infinite prefix cache "
+                                         "would hold at send time (blocks whose first "
+                                         "request had finished prefill) / sum(ISL_i)",
+    "osl_exact_fraction": "share of successful requests whose server-reported OSL equals "
+                          "the requested max_tokens",
+}
+
+
+def with_request_metrics(frame: pl.DataFrame) -> pl.DataFrame:
+    """Add ``ttft_s``, ``e2el_s``, ``itl_s`` and ``interactivity_tok_s`` columns."""
+    ttft = (pl.col("first_token_ns") - pl.col("sent_ns")) / 1e9
+    e2el = (pl.col("last_token_ns") - pl.col("sent_ns")) / 1e9
+    return frame.with_columns(
+        ttft_s=ttft,
+        e2el_s=e2el,
+        itl_s=pl.when(pl.col("osl") >= 2).then((e2el - ttft) / (pl.col("osl") - 1)),
+    ).with_columns(
+        interactivity_tok_s=pl.when(pl.col("itl_s") > 0).then(1.0 / pl.col("itl_s")),
+    )
+
+
+def _quantile(series: pl.Series, q: float) -> float | None:
+    values = series.drop_nulls()
+    if values.is_empty():
+        return None
+    result = values.quantile(q, interpolation="linear")
+    return None if result is None else float(result)
+
+
+def _inverse(x: float | None) -> float | None:
+    return None if x is None or x <= 0 else 1.0 / x
+
+
+def decoding_time_s(first_ns: np.ndarray, last_ns: np.ndarray) -> float:
+    """Length of the union of the [first token, last token] intervals, in seconds."""
+    if len(first_ns) == 0:
+        return 0.0
+    order = np.argsort(first_ns, kind="stable")
+    total = 0
+    cur_start, cur_end = int(first_ns[order[0]]), int(last_ns[order[0]])
+    for i in order[1:]:
+        start, end = int(first_ns[i]), int(last_ns[i])
+        if start > cur_end:
+            total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    total += cur_end - cur_start
+    return total / 1e9
+
+
+def summarize(
+    frame: pl.DataFrame,
+    gpus: int,
+    server_prefix_cache_hit_rate: float | None = None,
+) -> dict[str, Any]:
+    """The headline numbers of a run (the keys ``summary.json`` must carry)."""
+    measured = with_request_metrics(frame.filter(pl.col("phase") == "measure"))
+    ok = measured.filter(pl.col("ok"))
+    failed = measured.height - ok.height
+    out: dict[str, Any] = {
+        "requests_completed": ok.height,
+        "requests_failed": failed,
+        "gpus": gpus,
+        "server_prefix_cache_hit_rate": server_prefix_cache_hit_rate,
+    }
+    if ok.is_empty():
+        return out | {k: None for k in (
+            "p90_interactivity_tok_s", "e2e_norm_p90_interactivity_tok_s", "ttft_p90_s",
+            "decode_throughput_tok_s", "output_throughput_tok_s", "throughput_per_gpu_tok_s",
+            "theoretical_prefix_cache_hit_rate", "osl_exact_fraction", "window_s",
+        )}
+    osl = ok["osl"].fill_null(0)
+    isl = ok["isl"].fill_null(ok["isl_requested"])
+    window_s = (ok["last_token_ns"].max() - ok["sent_ns"].min()) / 1e9  # type: ignore[operator]
+    decoders = ok.filter(pl.col("osl") >= 2)
+    decode_s = decoding_time_s(decoders["first_token_ns"].to_numpy(),
+                               decoders["last_token_ns"].to_numpy())
+    e2e_per_token = (ok["e2el_s"] / ok["osl"]).filter(ok["osl"] > 0)
+    out |= {
+        "p90_interactivity_tok_s": _inverse(_quantile(ok["itl_s"], 0.9)),
+        "p50_interactivity_tok_s": _inverse(_quantile(ok["itl_s"], 0.5)),
+        "e2e_norm_p90_interactivity_tok_s": _inverse(_quantile(e2e_per_token, 0.9)),
+        "ttft_p50_s": _quantile(ok["ttft_s"], 0.5),
+        "ttft_p90_s": _quantile(ok["ttft_s"], 0.9),
+        "itl_p50_s": _quantile(ok["itl_s"], 0.5),
+        "itl_p90_s": _quantile(ok["itl_s"], 0.9),
+        "e2el_p90_s": _quantile(ok["e2el_s"], 0.9),
+        "decode_throughput_tok_s": (float((decoders["osl"] - 1).sum()) / decode_s
+                                    if decode_s > 0 else None),
+        "output_throughput_tok_s": float(osl.sum()) / window_s if window_s > 0 else None,
+        "throughput_per_gpu_tok_s": (float(isl.sum() + osl.sum()) / window_s / gpus
+                                     if window_s > 0 and gpus > 0 else None),
+        "theoretical_prefix_cache_hit_rate": (float(ok["theoretical_cached_tokens"].sum())
+                                              / float(isl.sum()) if isl.sum() else None),
+        "client_cached_tokens_rate": (float(ok["cached_tokens"].sum()) / float(isl.sum())
+                                      if ok["cached_tokens"].null_count() < ok.height
+                                      else None),
+        "osl_exact_fraction": float((ok["osl"] == ok["osl_requested"]).sum()) / ok.height,
+        "osl_from_client_count": int((ok["osl_source"] == "client").sum()),
+        "input_tokens": int(isl.sum()),
+        "output_tokens": int(osl.sum()),
+        "window_s": window_s,
+        "decoding_time_s": decode_s,
+    }
+    return out
+
+
+def per_session(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per played session: requests, wall time including pauses, median ITL."""
+    measured = with_request_metrics(frame.filter(pl.col("phase") == "measure"))
+    return (
+        measured.group_by("session_id", "lane")
+        .agg(
+            requests=pl.len(),
+            failed=(~pl.col("ok")).sum(),
+            wall_s=(pl.col("done_ns").max() - pl.col("sent_ns").min()) / 1e9,
+            ttft_p90_s=pl.col("ttft_s").quantile(0.9, interpolation="linear"),
+            itl_median_s=pl.col("itl_s").quantile(0.5, interpolation="linear"),
+            output_tokens=pl.col("osl").sum(),
+        )
+        .sort("lane", "session_id")
+    )

@@ -1,0 +1,287 @@
+"""Run a replay end to end: resolve the target, replay, finalize, summarize, report.
+
+``run_replay`` is what ``agentload replay`` and ``agentload demo`` call, and is usable
+from Python the same way. A run directory ends up holding:
+
+- ``run.json``: what was run (trace, target, options, server version) and how it ended;
+- ``journal.jsonl``: every finished request, appended as it finished;
+- ``requests.parquet``: the journal as a table; ``summary.json``: the headline numbers;
+- ``report.md`` / ``report.html`` (unless ``report=False``); ``server.log`` when
+  agentload started the server.
+
+Ctrl-C (or SIGTERM) stops the replay, stops any server agentload started, and still
+writes the summary and reports of what completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+
+from agentload import __version__
+from agentload.replay import prometheus
+from agentload.replay.engine import (
+    EngineOutcome,
+    ProgressSnapshot,
+    ReplayEngine,
+    ReplayOptions,
+    Target,
+    build_http_client,
+)
+from agentload.replay.errors import ReplayError
+from agentload.replay.journal import JOURNAL_NAME, Journal, finalize
+from agentload.replay.metrics import DEFINITIONS, summarize
+from agentload.replay.report import fmt, write_reports
+from agentload.replay.server import ServerSpec, embedded_server_spec, serving
+from agentload.traces import Trace, read_trace
+
+# live: one status line rewritten every second (a TTY); headless: a line every few seconds.
+ProgressMode = Literal["live", "headless", "none"]
+Say = Callable[[str], None]
+
+
+def say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    report_md: Path | None
+    report_html: Path | None
+    interrupted: bool
+
+
+def new_cache_salt() -> int:
+    return secrets.randbits(32)
+
+
+def check_target_url(url: str) -> str:
+    """Normalize ``url`` (no trailing slash) or raise ``ReplayError`` saying what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ReplayError(f"--target must be an http(s) URL such as http://127.0.0.1:8000, "
+                          f"got {url!r}")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ReplayError(f"--target has an invalid port: {url!r}") from None
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def probe_target(base_url: str, model: str | None, api_key: str | None,
+                 timeout_s: float = 10.0) -> tuple[str, dict[str, Any]]:
+    """Ask the server for its models (and version); return (model to use, facts)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
+            resp = client.get(base_url + "/v1/models")
+            version = None
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                v = client.get(base_url + "/version")
+                if v.status_code == 200:
+                    version = v.json().get("version")
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ReplayError(f"cannot reach {base_url}: {reason}") from None
+    if resp.status_code != 200:
+        raise ReplayError(f"{base_url}/v1/models answered HTTP {resp.status_code}; "
+                          "is this an OpenAI-compatible server (and is the API key right)?")
+    try:
+        models = [m["id"] for m in resp.json().get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ReplayError(f"{base_url}/v1/models did not return an OpenAI model list") from None
+    if model is None:
+        if not models:
+            raise ReplayError(f"{base_url} serves no models")
+        model = models[0]
+    elif models and model not in models:
+        raise ReplayError(f"{base_url} does not serve model {model!r} (it serves: "
+                          f"{', '.join(models)})")
+    return model, {"models": models, "server_version": version}
+
+
+def _prepare_run_dir(run_dir: Path) -> None:
+    if (run_dir / JOURNAL_NAME).exists():
+        raise ReplayError(f"{run_dir} already holds a run; choose another output directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReplayError(f"cannot create run directory {run_dir}: {exc.strerror}") from None
+
+
+def _load(trace: Trace | Path) -> tuple[Trace, str]:
+    if isinstance(trace, Trace):
+        return trace, "<in memory>"
+    return read_trace(trace), str(trace)
+
+
+def progress_line(snap: ProgressSnapshot) -> str:
+    p90 = fmt(snap.p90_interactivity_tok_s, "tok/s")
+    eta = f"{snap.eta_s:.0f} s" if snap.eta_s is not None else "?"
+    return (f"[{snap.elapsed_s:6.1f} s] requests {snap.requests_done}/{snap.requests_total} "
+            f"done, {snap.in_flight} in flight, users active {snap.users_active}/{snap.users}, "
+            f"P90 interactivity {p90}, errors {snap.requests_failed}, ETA {eta}")
+
+
+async def _progress_loop(engine: ReplayEngine, mode: ProgressMode, say: Say,
+                         interval_s: float) -> None:
+    if mode == "live":
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                sys.stderr.write("\r\x1b[K" + progress_line(engine.snapshot()))
+                sys.stderr.flush()
+        finally:
+            sys.stderr.write("\n")
+    while True:
+        await asyncio.sleep(interval_s)
+        say(progress_line(engine.snapshot()))
+
+
+async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
+                  progress: ProgressMode, say: Say, interval_s: float,
+                  ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
+    async with client:
+        before = await prometheus.scrape(client, base_url)
+        ticker = (asyncio.create_task(_progress_loop(engine, progress, say, interval_s))
+                  if progress != "none" else None)
+        try:
+            outcome = await engine.run()
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+        after = await prometheus.scrape(client, base_url)
+    return outcome, before, after
+
+
+@contextlib.contextmanager
+def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | None,
+                gpus: int | None, api_key: str | None, run_dir: Path, say: Say,
+                startup_timeout_s: float) -> Iterator[tuple[Target, dict[str, Any]]]:
+    if spec is not None:
+        with serving(spec, run_dir / "server.log", progress=say,
+                     startup_timeout_s=startup_timeout_s) as server:
+            served, facts = probe_target(spec.base_url, None, None)
+            facts |= {"argv": list(spec.argv), "startup_s": server.startup_s}
+            low = 16  # past the tiny tokenizer's special tokens
+            yield Target(spec.base_url, served, gpus=gpus or spec.gpus, device=spec.device,
+                         label=spec.label,
+                         token_id_range=(low, spec.vocab_size or 32000)), facts
+        return
+    assert target_url is not None
+    base = check_target_url(target_url)
+    served, facts = probe_target(base, model, api_key)
+    yield Target(base, served, gpus=gpus or 1, label=base, api_key=api_key), facts
+
+
+def run_replay(
+    trace: Trace | Path,
+    run_dir: Path,
+    *,
+    target_url: str | None = None,
+    embedded: bool = False,
+    options: ReplayOptions | None = None,
+    model: str | None = None,
+    gpus: int | None = None,
+    api_key: str | None = None,
+    progress: ProgressMode = "headless",
+    progress_interval_s: float = 5.0,
+    report: bool = True,
+    startup_timeout_s: float = 600.0,
+    say: Say = say_stderr,
+) -> RunResult:
+    """Replay ``trace`` against ``target_url`` (or a fresh embedded server) into ``run_dir``."""
+    if embedded == (target_url is not None):
+        raise ReplayError("give exactly one target: --target URL or --embedded")
+    if gpus is not None and gpus < 1:
+        raise ReplayError("--gpus must be at least 1")
+    options = options or ReplayOptions(cache_salt=new_cache_salt())
+    if options.users < 1:
+        raise ReplayError("--users must be at least 1")
+    trace_obj, trace_path = _load(trace)
+    run_dir = Path(run_dir)
+    _prepare_run_dir(run_dir)
+    spec = embedded_server_spec() if embedded else None
+    run: dict[str, Any] = {
+        "agentload_version": __version__,
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "trace": {"name": trace_obj.name, "path": trace_path, "sessions": len(trace_obj.sessions),
+                  "requests": trace_obj.num_requests, "block_size": trace_obj.block_size},
+        "options": asdict(options),
+        "prompt_mode": "token-ids",
+        "output_tokens": "canned (the trace's output length, ignore_eos)",
+    }
+    interrupted = False
+    outcome: EngineOutcome | None = None
+    server_hit: float | None = None
+    with Journal(run_dir / JOURNAL_NAME) as journal:
+        try:
+            with _target_for(spec, target_url, model, gpus, api_key, run_dir, say,
+                             startup_timeout_s) as (target, facts):
+                run |= {"target": target.public(), "server": facts}
+                _write_json(run_dir / "run.json", run)
+                journal.write_run(run)
+                client = build_http_client(options)
+                engine = ReplayEngine(trace_obj, target, options, journal, client)
+                say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
+                    f"{options.users} users) against {target.label} -> {run_dir}")
+                outcome, before, after = asyncio.run(_replay(
+                    engine, client, target.base_url, progress, say,
+                    progress_interval_s))
+                server_hit = prometheus.prefix_cache_hit_rate(before, after)
+                run["server"]["metrics_delta"] = {
+                    name: prometheus.counter_delta(before, after, name)
+                    for name in prometheus.WANTED if name.endswith("_total")}
+        except KeyboardInterrupt:
+            interrupted = True
+            say("interrupted: stopping, and writing what completed")
+    gpus_used = run.get("target", {}).get("gpus", gpus or 1)
+    frame = finalize(run_dir)
+    summary = summarize(frame, gpus_used, server_hit)
+    summary |= {"interrupted": interrupted, "definitions": DEFINITIONS}
+    if outcome is not None:
+        run["outcome"] = asdict(outcome)
+        summary |= {"requests_sent": outcome.sent, "requests_not_sent": outcome.skipped,
+                    "stop_reason": outcome.stop_reason}
+    run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    _write_json(run_dir / "run.json", run)
+    _write_json(run_dir / "summary.json", summary)
+    md = page = None
+    if report:
+        md, page = write_reports(run_dir, summary, run, frame)
+    return RunResult(run_dir, summary, md, page, interrupted)
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def default_demo_dir(root: Path = Path("runs")) -> Path:
+    return root / time.strftime("%Y%m%d-%H%M%S")
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The console table printed after a run."""
+    from agentload.replay.report import HEADLINE
+
+    width = max(len(label) for _, label, _ in HEADLINE)
+    lines = [f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
+             f"({summary.get('requests_failed')} failed)"]
+    lines += [f"  {label:<{width}}  {fmt(summary.get(key), unit)}"
+              for key, label, unit in HEADLINE]
+    return lines
