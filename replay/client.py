@@ -11,7 +11,6 @@ request must not end a run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +56,6 @@ async def stream_completion(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
-    on_first_token: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream."""
@@ -81,13 +79,11 @@ async def stream_completion(
                     continue
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
-                    if _handle_event(event, now, result) and on_first_token is not None:
-                        on_first_token(now)
+                    _handle_event(event, now, result)
                 if result.error is not None:
                     return result
             if buffer.strip():
-                if _handle_event(buffer, time.perf_counter_ns(), result) and on_first_token:
-                    on_first_token(result.first_token_ns or 0)
+                _handle_event(buffer, time.perf_counter_ns(), result)
     except httpx.TimeoutException as exc:
         result.error = f"timeout ({type(exc).__name__})"
     except httpx.HTTPError as exc:
@@ -99,9 +95,8 @@ async def stream_completion(
     return result
 
 
-def _handle_event(event: bytes, now: int, result: StreamResult) -> bool:
-    """Apply one SSE event to ``result``; True if it was the request's first token."""
-    first = False
+def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
+    """Apply one SSE event (stamped ``now``) to ``result``."""
     for line in event.split(b"\n"):
         if not line.startswith(b"data:"):
             continue
@@ -112,17 +107,16 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> bool:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             result.error = f"malformed SSE data: {_short(data.decode(errors='replace'))}"
-            return first
+            return
         if "error" in obj:
             err = obj["error"]
             msg = err.get("message") if isinstance(err, dict) else err
             result.error = f"server error mid-stream: {_short(str(msg))}"
-            return first
+            return
         tokens = sum(_chunk_tokens(c) for c in obj.get("choices") or ())
         if tokens:
             if result.first_token_ns is None:
                 result.first_token_ns = now
-                first = True
             result.last_token_ns = now
             result.chunks += 1
             result.client_tokens += tokens
@@ -132,7 +126,6 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> bool:
             result.completion_tokens = usage.get("completion_tokens")
             details = usage.get("prompt_tokens_details") or {}
             result.cached_tokens = details.get("cached_tokens")
-    return first
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -8,10 +8,10 @@ finished request is written to the journal at once. The engine keeps a few live
 counters and hands out immutable ``ProgressSnapshot``s for progress lines and the
 dashboard; nothing a viewer does runs on the request path.
 
-The engine also tracks what a perfect, infinite prefix cache would hold *given the
-actual timing*: a request's blocks become cacheable when its first token arrives (its
-prefill is done), and each request records how many of its prompt tokens were already
-cacheable when it was sent. Summed, that is the run's theoretical prefix-cache hit rate.
+Each request also records how many of its prompt tokens a perfect, infinite prefix
+cache would hold when it is sent: the leading blocks that some request sent before it
+(in this run, in actual send order) already carried. Summed over the run, that is the
+theoretical prefix-cache hit rate the server's own counters are checked against.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
 from agentload.traces import Request, Session, Trace
+from agentload.traces.model import prefix_hit_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class ReplayEngine:
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
         self._url = target.base_url.rstrip("/") + "/v1/completions"
         self._headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
-        self._prefilled: set[int] = set()
+        self._sent_blocks: set[int] = set()
         self._t0_ns = 0
         self._deadline_ns: int | None = None
         self._sent = self._completed = self._failed = self._skipped = 0
@@ -197,15 +198,6 @@ class ReplayEngine:
             return True
         return self.options.max_requests is not None and self._sent >= self.options.max_requests
 
-    def _theoretical_hit(self, req: Request) -> int:
-        hit = 0
-        for n, block in enumerate(req.blocks):
-            if block.id not in self._prefilled:
-                return hit
-            hit += block.tokens
-        # Fully cached: the server still recomputes the last block to get logits.
-        return hit - req.blocks[-1].tokens if n == len(req.blocks) - 1 else hit
-
     async def _send(self, lane: int, turn: int, req: Request, intended_ns: int) -> None:
         body = {
             "model": self.target.model,
@@ -216,15 +208,12 @@ class ReplayEngine:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        theoretical = self._theoretical_hit(req)
-        block_ids = [b.id for b in req.blocks]
+        theoretical = prefix_hit_tokens(req.blocks, self._sent_blocks)
+        self._sent_blocks.update(b.id for b in req.blocks)
         self._sent += 1
         self._in_flight += 1
         try:
-            res = await stream_completion(
-                self.client, self._url, body, headers=self._headers,
-                on_first_token=lambda _ns: self._prefilled.update(block_ids),
-            )
+            res = await stream_completion(self.client, self._url, body, headers=self._headers)
         finally:
             self._in_flight -= 1
         rec = self._record(lane, turn, req, intended_ns, res, theoretical)

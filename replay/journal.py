@@ -68,7 +68,7 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fh: IO[bytes] = open(path, "ab")
+        self._fh: IO[bytes] = open(path, "ab")  # noqa: SIM115 - lives as long as the journal
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._fh.write(orjson.dumps(obj) + b"\n")

@@ -27,14 +27,15 @@ DEFINITIONS = {
     "p90_interactivity_tok_s": "1 / P90(ITL_i), request-weighted, linear interpolation",
     "e2e_norm_p90_interactivity_tok_s": "1 / P90(E2EL_i / OSL_i), request-weighted",
     "ttft_p90_s": "P90(TTFT_i), linear interpolation",
-    "decode_throughput_tok_s": "sum(OSL_i - 1) / time with >= 1 request decoding (prefill excluded)",
+    "decode_throughput_tok_s": "sum(OSL_i - 1) / time with >= 1 request decoding "
+                               "(prefill excluded)",
     "output_throughput_tok_s": "sum(OSL_i) / (last token - first send)",
     "throughput_per_gpu_tok_s": "(sum(ISL_i) + sum(OSL_i)) / window / gpus",
     "server_prefix_cache_hit_rate": "delta vllm:prefix_cache_hits / delta "
                                     "vllm:prefix_cache_queries over the run (tokens)",
     "theoretical_prefix_cache_hit_rate": "sum of prompt tokens an infinite prefix cache "
-                                         "would hold at send time (blocks whose first "
-                                         "request had finished prefill) / sum(ISL_i)",
+                                         "would hold at send time (leading blocks already "
+                                         "sent earlier in the run) / sum(ISL_i)",
     "osl_exact_fraction": "share of successful requests whose server-reported OSL equals "
                           "the requested max_tokens",
 }

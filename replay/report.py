@@ -121,8 +121,8 @@ def _run_facts(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
         f"{summary.get('requests_failed')} failed, {run.get('outcome', {}).get('skipped', 0)} "
         f"not sent ({run.get('outcome', {}).get('stop_reason', '?')}); window "
         f"{fmt(summary.get('window_s'), 's')}",
-        f"- output lengths: canned from the trace (max_tokens with ignore_eos); percentiles "
-        f"are request-weighted with linear interpolation",
+        "- output lengths: canned from the trace (max_tokens with ignore_eos); percentiles "
+        "are request-weighted with linear interpolation",
     ]
 
 

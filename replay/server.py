@@ -29,7 +29,12 @@ from types import TracebackType
 import httpx
 
 from agentload.replay.errors import ServerError
-from agentload.replay.tiny_model import SERVED_MODEL_NAME, TinyModelSpec, ensure_tiny_model
+from agentload.replay.tiny_model import (
+    DEFAULT_TINY_MODEL,
+    SERVED_MODEL_NAME,
+    TinyModelSpec,
+    ensure_tiny_model,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 # vLLM's CPU KV blocks default to 128 tokens; agent traces hash 64-token blocks, and the
@@ -81,7 +86,7 @@ def check_port_free(host: str, port: int) -> None:
 def embedded_server_spec(
     port: int | None = None,
     host: str = DEFAULT_HOST,
-    model: TinyModelSpec = TinyModelSpec(),
+    model: TinyModelSpec = DEFAULT_TINY_MODEL,
     cache_dir: Path | None = None,
     kv_cache_gib: float = 1.0,
     max_num_seqs: int = 64,

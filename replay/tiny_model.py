@@ -58,6 +58,9 @@ class TinyModelSpec:
         return hashlib.sha256(payload).hexdigest()[:12]
 
 
+DEFAULT_TINY_MODEL = TinyModelSpec()
+
+
 def default_cache_dir() -> Path:
     """``$AGENTLOAD_CACHE``, else ``$XDG_CACHE_HOME/agentload``, else ``~/.cache/agentload``."""
     if env := os.environ.get("AGENTLOAD_CACHE"):
@@ -66,13 +69,15 @@ def default_cache_dir() -> Path:
     return Path(base) / "agentload"
 
 
-def tiny_model_dir(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:
+def tiny_model_dir(spec: TinyModelSpec = DEFAULT_TINY_MODEL, cache_dir: Path | None = None) -> Path:
     """Where the model for ``spec`` lives (built or not)."""
     root = cache_dir if cache_dir is not None else default_cache_dir()
     return root / "models" / f"tiny-llama-{spec.digest()}"
 
 
-def ensure_tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:
+def ensure_tiny_model(
+    spec: TinyModelSpec = DEFAULT_TINY_MODEL, cache_dir: Path | None = None
+) -> Path:
     """Return the model directory for ``spec``, building it first if it is missing.
 
     The build goes to a temporary sibling directory that is renamed into place, so two

@@ -112,25 +112,26 @@ class Trace:
         return sum(len(s.requests) for s in self.sessions)
 
 
-def theoretical_prefix_hits(requests: list[Request]) -> list[int]:
-    """Tokens of each prompt an infinite prefix cache would hold, sending in list order.
+def prefix_hit_tokens(blocks: tuple[Block, ...], seen: set[int]) -> int:
+    """Tokens of a prompt a perfect prefix cache holding the ``seen`` block ids would serve.
 
-    A block counts only while every block before it in the prompt counted too (prefix
-    caches match prefixes), and a prompt cached to its very end gives its last block
-    back, because the server must recompute at least one token to produce logits.
+    A block counts only while every block before it counted too (prefix caches match
+    prefixes), and a prompt cached to its very end gives its last block back, because
+    the server must recompute at least one token to produce logits.
     """
+    hit = 0
+    for block in blocks:
+        if block.id not in seen:
+            return hit
+        hit += block.tokens
+    return hit - blocks[-1].tokens if blocks else 0
+
+
+def theoretical_prefix_hits(requests: list[Request]) -> list[int]:
+    """``prefix_hit_tokens`` of each request, sending them in list order."""
     seen: set[int] = set()
     hits: list[int] = []
     for req in requests:
-        hit = 0
-        n_hit_blocks = 0
-        for block in req.blocks:
-            if block.id not in seen:
-                break
-            hit += block.tokens
-            n_hit_blocks += 1
-        if req.blocks and n_hit_blocks == len(req.blocks):
-            hit -= req.blocks[-1].tokens
-        hits.append(hit)
+        hits.append(prefix_hit_tokens(req.blocks, seen))
         seen.update(b.id for b in req.blocks)
     return hits

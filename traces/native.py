@@ -87,7 +87,7 @@ def _request_to_dict(req: Request) -> dict[str, Any]:
 def _open(path: Path) -> tuple[dict[str, Any], Iterator[Session]]:
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}")
-    handle = open(path, "rb")
+    handle = open(path, "rb")  # noqa: SIM115 - closed by the session generator
     first = handle.readline()
     try:
         header = orjson.loads(first) if first.strip() else None
