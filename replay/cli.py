@@ -24,6 +24,7 @@ from agentload.replay.run import (
     run_replay,
     say_stderr,
     summary_lines,
+    write_results,
 )
 from agentload.replay.server import ManagedServer, embedded_server_spec
 from agentload.replay.tiny_model import ensure_tiny_model
@@ -57,6 +58,7 @@ def _progress_mode(headless: bool | None) -> ProgressMode:
 
 
 def _print_result(result: RunResult) -> None:
+    """Print where the run went and its headline numbers; exit 130 if it was interrupted."""
     head = "interrupted run" if result.interrupted else "run"
     typer.echo(f"{head} written to {result.run_dir}")
     for line in summary_lines(result.summary):
@@ -64,6 +66,8 @@ def _print_result(result: RunResult) -> None:
     if result.report_html is not None:
         typer.echo(f"report: {result.report_html}")
         typer.echo(f"        {result.report_md}")
+    if result.interrupted:
+        raise typer.Exit(130)
 
 
 @app.command()
@@ -120,20 +124,40 @@ def replay(
 
 
 @app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (with journal.jsonl).")],
+) -> None:
+    """Rebuild requests.parquet, summary.json and the reports of a run from its journal.
+
+    Use it on a run that was killed before it could write them (kill -9, power loss):
+    every request that had finished is in the journal.
+    """
+    result = write_results(run_dir)
+    typer.echo(f"rebuilt {result.run_dir}")
+    for line in summary_lines(result.summary):
+        typer.echo(line)
+    typer.echo(f"report: {result.report_html}")
+
+
+@app.command()
 def demo(
     duration: Duration = None,
     users: Users = 4,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="Run directory (default runs/<timestamp>).")] = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", "-t", help="Use this running server instead of starting the embedded one.")
+    ] = None,
     headless: Headless = None,
 ) -> None:
     """Start the embedded vLLM CPU server, replay the bundled agent trace, write a report.
 
     Takes about two minutes on 2 cores (most of it vLLM starting up); --duration bounds
-    the replay itself.
+    the replay itself. The report lands in runs/<timestamp>/ unless -o says otherwise.
     """
     result = run_replay(
-        demo_trace_path(), output or default_demo_dir(), embedded=True,
+        demo_trace_path(), output or default_demo_dir(), embedded=target is None,
+        target_url=target,
         options=_options(users, duration, None, 1.0, None, 600.0),
         progress=_progress_mode(headless),
     )

@@ -127,6 +127,7 @@ class ReplayEngine:
         self._in_flight = 0
         self._lanes_active = 0
         self._finished = False
+        self._stop_reason: str | None = None
         self._itl_s: list[float] = []
         self._ttft_s: list[float] = []
         self.total_requests = min(trace.num_requests, options.max_requests or trace.num_requests)
@@ -150,11 +151,7 @@ class ReplayEngine:
             await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
         finally:
             self._finished = True
-        stop_reason = "trace finished"
-        if self._deadline_ns is not None and self.now_ns() >= self._deadline_ns:
-            stop_reason = "duration reached"
-        if self.options.max_requests is not None and self._sent >= self.options.max_requests:
-            stop_reason = "max requests reached"
+        stop_reason = self._why_stopped()
         outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
                                 stop_reason, self.now_ns() / 1e9)
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
@@ -193,7 +190,24 @@ class ReplayEngine:
 
         await asyncio.gather(*(play(t, r) for t, r in enumerate(session.requests)))
 
+    def _why_stopped(self) -> str:
+        if self._stop_reason is not None:
+            return self._stop_reason
+        if self._deadline_ns is not None and self.now_ns() >= self._deadline_ns:
+            return "duration reached"
+        if self.options.max_requests is not None and self._sent >= self.options.max_requests:
+            return "max requests reached"
+        return "trace finished"
+
+    def stop(self, reason: str) -> None:
+        """Send nothing more (requests in flight still finish); ``reason`` is recorded."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self.journal.write_event("stop", self.now_ns(), reason=reason)
+
     def _dispatch_closed(self, intended_ns: int) -> bool:
+        if self._stop_reason is not None:
+            return True
         if self._deadline_ns is not None and intended_ns >= self._deadline_ns:
             return True
         return self.options.max_requests is not None and self._sent >= self.options.max_requests

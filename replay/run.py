@@ -41,10 +41,16 @@ from agentload.replay.engine import (
     build_http_client,
 )
 from agentload.replay.errors import ReplayError
-from agentload.replay.journal import JOURNAL_NAME, Journal, finalize
+from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
 from agentload.replay.metrics import DEFINITIONS, summarize
 from agentload.replay.report import fmt, write_reports
-from agentload.replay.server import ServerSpec, embedded_server_spec, serving
+from agentload.replay.server import (
+    ManagedServer,
+    ServerSpec,
+    embedded_server_spec,
+    last_log_error,
+    serving,
+)
 from agentload.traces import Trace, read_trace
 
 # live: one status line rewritten every second (a TTY); headless: a line every few seconds.
@@ -153,18 +159,32 @@ async def _progress_loop(engine: ReplayEngine, mode: ProgressMode, say: Say,
         say(progress_line(engine.snapshot()))
 
 
+async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -> None:
+    """Stop the replay as soon as a server agentload started has died."""
+    while server.running():
+        await asyncio.sleep(0.5)
+    reason = f"server died: {last_log_error(server.log_path)}"
+    say(f"{reason} (log: {server.log_path})")
+    engine.stop(reason)
+
+
 async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
-                  progress: ProgressMode, say: Say, interval_s: float,
+                  server: ManagedServer | None, progress: ProgressMode, say: Say,
+                  interval_s: float,
                   ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
     async with client:
         before = await prometheus.scrape(client, base_url)
-        ticker = (asyncio.create_task(_progress_loop(engine, progress, say, interval_s))
-                  if progress != "none" else None)
+        helpers = []
+        if progress != "none":
+            helpers.append(asyncio.create_task(_progress_loop(engine, progress, say,
+                                                              interval_s)))
+        if server is not None:
+            helpers.append(asyncio.create_task(_watch_server(engine, server, say)))
         try:
             outcome = await engine.run()
         finally:
-            if ticker is not None:
-                ticker.cancel()
+            for task in helpers:
+                task.cancel()
         after = await prometheus.scrape(client, base_url)
     return outcome, before, after
 
@@ -172,7 +192,8 @@ async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str
 @contextlib.contextmanager
 def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | None,
                 gpus: int | None, api_key: str | None, run_dir: Path, say: Say,
-                startup_timeout_s: float) -> Iterator[tuple[Target, dict[str, Any]]]:
+                startup_timeout_s: float,
+                ) -> Iterator[tuple[Target, dict[str, Any], ManagedServer | None]]:
     if spec is not None:
         with serving(spec, run_dir / "server.log", progress=say,
                      startup_timeout_s=startup_timeout_s) as server:
@@ -181,12 +202,12 @@ def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | No
             low = 16  # past the tiny tokenizer's special tokens
             yield Target(spec.base_url, served, gpus=gpus or spec.gpus, device=spec.device,
                          label=spec.label,
-                         token_id_range=(low, spec.vocab_size or 32000)), facts
+                         token_id_range=(low, spec.vocab_size or 32000)), facts, server
         return
     assert target_url is not None
     base = check_target_url(target_url)
     served, facts = probe_target(base, model, api_key)
-    yield Target(base, served, gpus=gpus or 1, label=base, api_key=api_key), facts
+    yield Target(base, served, gpus=gpus or 1, label=base, api_key=api_key), facts, None
 
 
 def run_replay(
@@ -229,42 +250,66 @@ def run_replay(
     interrupted = False
     outcome: EngineOutcome | None = None
     server_hit: float | None = None
-    with Journal(run_dir / JOURNAL_NAME) as journal:
-        try:
-            with _target_for(spec, target_url, model, gpus, api_key, run_dir, say,
-                             startup_timeout_s) as (target, facts):
-                run |= {"target": target.public(), "server": facts}
-                _write_json(run_dir / "run.json", run)
-                journal.write_run(run)
-                client = build_http_client(options)
-                engine = ReplayEngine(trace_obj, target, options, journal, client)
-                say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
-                    f"{options.users} users) against {target.label} -> {run_dir}")
+    # The journal opens only once the target answers, so a target that fails leaves
+    # nothing but its log behind and the same directory can be used again.
+    with _target_for(spec, target_url, model, gpus, api_key, run_dir, say,
+                     startup_timeout_s) as (target, facts, server):
+        run |= {"target": target.public(), "server": facts}
+        _write_json(run_dir / "run.json", run)
+        with Journal(run_dir / JOURNAL_NAME) as journal:
+            journal.write_run(run)
+            client = build_http_client(options)
+            engine = ReplayEngine(trace_obj, target, options, journal, client)
+            say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
+                f"{options.users} users) against {target.label} -> {run_dir}")
+            try:
                 outcome, before, after = asyncio.run(_replay(
-                    engine, client, target.base_url, progress, say,
+                    engine, client, target.base_url, server, progress, say,
                     progress_interval_s))
+            except KeyboardInterrupt:
+                interrupted = True
+                say("interrupted: stopping, and writing what completed")
+            else:
                 server_hit = prometheus.prefix_cache_hit_rate(before, after)
                 run["server"]["metrics_delta"] = {
                     name: prometheus.counter_delta(before, after, name)
                     for name in prometheus.WANTED if name.endswith("_total")}
-        except KeyboardInterrupt:
-            interrupted = True
-            say("interrupted: stopping, and writing what completed")
-    gpus_used = run.get("target", {}).get("gpus", gpus or 1)
-    frame = finalize(run_dir)
-    summary = summarize(frame, gpus_used, server_hit)
-    summary |= {"interrupted": interrupted, "definitions": DEFINITIONS}
     if outcome is not None:
         run["outcome"] = asdict(outcome)
-        summary |= {"requests_sent": outcome.sent, "requests_not_sent": outcome.skipped,
-                    "stop_reason": outcome.stop_reason}
     run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    run["interrupted"] = interrupted
+    run["server_prefix_cache_hit_rate"] = server_hit
     _write_json(run_dir / "run.json", run)
+    return write_results(run_dir, report=report)
+
+
+def write_results(run_dir: Path, report: bool = True) -> RunResult:
+    """Finalize a run directory: ``requests.parquet``, ``summary.json`` and the reports.
+
+    Works on any run directory with a journal, including one whose replay was killed
+    (``agentload report RUN_DIR``): what completed is kept, the rest is counted as unsent.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / JOURNAL_NAME).is_file():
+        raise ReplayError(f"{run_dir} holds no run journal ({JOURNAL_NAME})")
+    meta, _ = read_journal(run_dir / JOURNAL_NAME)
+    run_path = run_dir / "run.json"
+    run: dict[str, Any] = (json.loads(run_path.read_text()) if run_path.is_file()
+                           else next((m for m in meta if m.get("type") == "run"), {}))
+    frame = finalize(run_dir)
+    summary = summarize(frame, int(run.get("target", {}).get("gpus", 1)),
+                        run.get("server_prefix_cache_hit_rate"))
+    outcome = run.get("outcome")
+    summary |= {"interrupted": bool(run.get("interrupted", outcome is None)),
+                "definitions": DEFINITIONS}
+    if outcome is not None:
+        summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
+                    "stop_reason": outcome["stop_reason"]}
     _write_json(run_dir / "summary.json", summary)
     md = page = None
     if report:
         md, page = write_reports(run_dir, summary, run, frame)
-    return RunResult(run_dir, summary, md, page, interrupted)
+    return RunResult(run_dir, summary, md, page, bool(summary["interrupted"]))
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

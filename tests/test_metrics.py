@@ -1,0 +1,96 @@
+"""Metric definitions on hand-made request tables, checked against numpy and by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from agentload.replay.journal import REQUEST_SCHEMA, request_frame
+from agentload.replay.metrics import decoding_time_s, summarize, with_request_metrics
+
+S = 1_000_000_000  # ns per second
+
+
+def row(i: int, sent: float, ttft: float, e2el: float, osl: int, isl: int = 1000,
+        ok: bool = True, osl_req: int | None = None, theo: int = 500, phase: str = "measure",
+        cached: int | None = 400) -> dict[str, object]:
+    return {
+        "request_id": f"r{i}", "session_id": f"s{i % 2}", "lane": i % 2, "agent_kind": "main",
+        "turn": i, "phase": phase, "intended_ns": int(sent * S), "sent_ns": int(sent * S),
+        "first_token_ns": int((sent + ttft) * S) if ok else None,
+        "last_token_ns": int((sent + e2el) * S) if ok else None,
+        "done_ns": int((sent + e2el) * S), "isl_requested": isl,
+        "osl_requested": osl if osl_req is None else osl_req, "isl": isl if ok else None,
+        "osl": osl if ok else None, "osl_source": "server", "cached_tokens": cached,
+        "theoretical_cached_tokens": theo, "chunks": osl, "ok": ok,
+        "status": 200, "error": None if ok else "boom",
+    }
+
+
+def test_per_request_definitions() -> None:
+    frame = with_request_metrics(request_frame([row(0, 0.0, 0.5, 2.5, 101)]))
+    r = frame.row(0, named=True)
+    assert r["ttft_s"] == pytest.approx(0.5)
+    assert r["e2el_s"] == pytest.approx(2.5)
+    assert r["itl_s"] == pytest.approx(2.0 / 100)
+    assert r["interactivity_tok_s"] == pytest.approx(50.0)
+
+
+def test_itl_needs_two_tokens() -> None:
+    frame = with_request_metrics(request_frame([row(0, 0.0, 0.5, 0.5, 1)]))
+    assert frame["itl_s"][0] is None
+
+
+def test_summary_matches_numpy_linear_percentiles_and_hand_sums() -> None:
+    rng = np.random.default_rng(1)
+    rows, itls, e2e_per_tok, ttfts = [], [], [], []
+    for i in range(23):
+        ttft, osl = float(rng.uniform(0.05, 0.5)), int(rng.integers(2, 300))
+        itl = float(rng.uniform(0.002, 0.02))
+        e2el = ttft + itl * (osl - 1)
+        rows.append(row(i, sent=i * 0.7, ttft=ttft, e2el=e2el, osl=osl))
+        itls.append(itl)
+        e2e_per_tok.append(e2el / osl)
+        ttfts.append(ttft)
+    rows.append(row(99, 3.0, 0.1, 0.2, 10, ok=False))
+    rows.append(row(98, 0.0, 0.1, 0.2, 10, phase="warmup"))  # excluded from metrics
+    s = summarize(request_frame(rows), gpus=2, server_prefix_cache_hit_rate=0.42)
+    assert s["requests_completed"] == 23 and s["requests_failed"] == 1
+    assert s["p90_interactivity_tok_s"] == pytest.approx(1 / np.percentile(itls, 90), rel=1e-6)
+    assert s["e2e_norm_p90_interactivity_tok_s"] == pytest.approx(
+        1 / np.percentile(e2e_per_tok, 90), rel=1e-6)
+    assert s["ttft_p90_s"] == pytest.approx(np.percentile(ttfts, 90), rel=1e-6)
+    ok = [r for r in rows if r["ok"] and r["phase"] == "measure"]
+    window = (max(r["last_token_ns"] for r in ok) - min(r["sent_ns"] for r in ok)) / S
+    osl_sum = sum(r["osl"] for r in ok)
+    assert s["output_throughput_tok_s"] == pytest.approx(osl_sum / window)
+    assert s["throughput_per_gpu_tok_s"] == pytest.approx((osl_sum + 1000 * 23) / window / 2)
+    assert s["theoretical_prefix_cache_hit_rate"] == pytest.approx(0.5)
+    assert s["server_prefix_cache_hit_rate"] == 0.42
+    assert s["osl_exact_fraction"] == 1.0
+    assert s["gpus"] == 2
+
+
+def test_decode_throughput_excludes_prefill_and_idle_time() -> None:
+    # Two requests decode over [1, 3] and [2, 4]; a third over [10, 11]: 4 s of decoding.
+    rows = [row(0, 0.0, 1.0, 3.0, 201), row(1, 1.0, 1.0, 3.0, 201), row(2, 9.0, 1.0, 2.0, 101)]
+    s = summarize(request_frame(rows), gpus=1)
+    assert s["decoding_time_s"] == pytest.approx(4.0)
+    assert s["decode_throughput_tok_s"] == pytest.approx((200 + 200 + 100) / 4.0)
+
+
+def test_osl_exact_fraction_counts_short_outputs() -> None:
+    rows = [row(0, 0, 0.1, 1, 50), row(1, 1, 0.1, 1, 49, osl_req=50)]
+    assert summarize(request_frame(rows), gpus=1)["osl_exact_fraction"] == 0.5
+
+
+def test_union_of_intervals() -> None:
+    assert decoding_time_s(np.array([0, 5, 1]), np.array([2, 6, 3])) == pytest.approx(4e-9)
+    assert decoding_time_s(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
+
+
+def test_empty_run_summarizes_to_nones() -> None:
+    s = summarize(pl.DataFrame(schema=REQUEST_SCHEMA), gpus=1)
+    assert s["requests_completed"] == 0
+    assert s["p90_interactivity_tok_s"] is None and s["osl_exact_fraction"] is None

@@ -1,0 +1,135 @@
+"""The trace model, its native JSONL files, the synthesizer and the bundled demo trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentload.traces import (
+    Block,
+    Request,
+    Session,
+    SynthConfig,
+    Trace,
+    TraceError,
+    demo_trace_path,
+    read_trace,
+    synthesize,
+    write_trace,
+)
+from agentload.traces.cli import trace_stats
+from agentload.traces.model import prefix_hit_tokens, theoretical_prefix_hits
+
+blocks_st = st.lists(st.builds(Block, id=st.integers(0, 10**9), tokens=st.integers(1, 512)),
+                     min_size=1, max_size=8).map(tuple)
+
+
+@st.composite
+def sessions_st(draw: st.DrawFn, sid: str) -> Session:
+    n = draw(st.integers(1, 6))
+    reqs = []
+    for i in range(n):
+        deps = tuple(sorted(draw(st.sets(st.sampled_from([r.id for r in reqs]), max_size=2))
+                            )) if reqs else ()
+        reqs.append(Request(
+            id=f"{sid}/{i}", session_id=sid, blocks=draw(blocks_st),
+            output_tokens=draw(st.integers(1, 4096)), depends_on=deps,
+            pause_s=draw(st.floats(0, 100, allow_nan=False)),
+            agent_id=draw(st.sampled_from(["main", "sa1"])),
+            agent_kind=draw(st.sampled_from(["main", "subagent", "aux"])),
+            model=draw(st.none() | st.text(min_size=1, max_size=8)),
+        ))
+    return Session(id=sid, requests=tuple(reqs))
+
+
+@st.composite
+def traces_st(draw: st.DrawFn) -> Trace:
+    n = draw(st.integers(1, 4))
+    return Trace(name=draw(st.text(min_size=1, max_size=10)),
+                 sessions=tuple(draw(sessions_st(f"s{i}")) for i in range(n)),
+                 block_size=draw(st.sampled_from([16, 64, 512])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces_st())
+def test_native_jsonl_round_trip_is_lossless(trace: Trace, tmp_path_factory) -> None:
+    path = tmp_path_factory.mktemp("rt") / "t.jsonl"
+    write_trace(trace, path)
+    assert read_trace(path) == trace
+
+
+def test_bundled_demo_trace_is_the_default_synthesis() -> None:
+    assert read_trace(demo_trace_path()) == synthesize(SynthConfig())
+
+
+def test_demo_trace_shape() -> None:
+    stats = trace_stats(demo_trace_path())
+    assert stats["sessions"] == 8
+    assert stats["requests"] == 49
+    assert stats["subagent_requests"] == 2
+    # Prompts grow by whole 64-token blocks and stay well inside the tiny model's context.
+    assert stats["max_input_tokens"] <= 8192
+    trace = read_trace(demo_trace_path())
+    for session in trace.sessions:
+        main = [r for r in session.requests if r.agent_kind == "main"]
+        for prev, cur in zip(main, main[1:], strict=False):
+            assert cur.blocks[: len(prev.blocks)] == prev.blocks  # exact reuse of the context
+            assert 1.0 <= cur.pause_s <= 4.0
+        assert all(b.tokens == 64 for r in session.requests for b in r.blocks)
+
+
+def test_synthesis_is_deterministic_and_seeded() -> None:
+    assert synthesize(SynthConfig(seed=3)) == synthesize(SynthConfig(seed=3))
+    assert synthesize(SynthConfig(seed=3)) != synthesize(SynthConfig(seed=4))
+
+
+def test_prefix_hits_count_only_a_leading_run_and_give_back_the_last_block() -> None:
+    a, b, c = Block(1, 64), Block(2, 64), Block(3, 32)
+    assert prefix_hit_tokens((a, b, c), {1, 3}) == 64  # block 3 is seen but not a prefix
+    assert prefix_hit_tokens((a, b), {1, 2}) == 64  # fully cached: the last block recomputes
+    assert prefix_hit_tokens((a,), set()) == 0
+    reqs = [Request("r0", "s", (a, b), 4), Request("r1", "s", (a, b, c), 4, ("r0",))]
+    assert theoretical_prefix_hits(reqs) == [0, 128]
+
+
+def _write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+HEADER = '{"agentload_trace": 1, "name": "t", "block_size": 64}'
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 0}]}',
+         ":2: session 's0': request 'a' asks for 0 output tokens"),
+        ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
+         '"deps": ["zz"]}]}', "depends on 'zz'"),
+        ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1]], "out": 5}]}',
+         "blocks[0] must be [block id, token count]"),
+        ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
+         '"pause_s": -1}]}', "negative pause_s"),
+        ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
+         '"kind": "boss"}]}', '"kind" must be one of'),
+        ('{"session": "s0"', ":2: not JSON"),
+    ],
+)
+def test_bad_lines_name_line_session_request_and_field(tmp_path: Path, line: str,
+                                                         message: str) -> None:
+    path = _write_lines(tmp_path / "bad.jsonl", HEADER, line)
+    with pytest.raises(TraceError, match="bad.jsonl") as info:
+        read_trace(path)
+    assert message in str(info.value)
+
+
+def test_missing_and_foreign_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="trace file not found"):
+        read_trace(tmp_path / "nope.jsonl")
+    foreign = _write_lines(tmp_path / "weka.json", '{"id": "trace_1", "requests": []}')
+    with pytest.raises(TraceError, match="not an agentload trace"):
+        read_trace(foreign)
