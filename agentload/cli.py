@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        app(args=argv, prog_name="agentload", standalone_mode=False)
+        # Without standalone mode click returns (not raises) the code of a typer.Exit.
+        code = app(args=argv, prog_name="agentload", standalone_mode=False)
     except AgentloadError as exc:
         print(f"agentload: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -62,3 +63,5 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, click.exceptions.Abort):
         print("agentload: interrupted", file=sys.stderr)
         sys.exit(130)
+    if isinstance(code, int) and code:
+        sys.exit(code)

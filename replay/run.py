@@ -43,6 +43,7 @@ from agentload.replay.engine import (
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
 from agentload.replay.metrics import DEFINITIONS, summarize
+from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE
 from agentload.replay.report import fmt, write_reports
 from agentload.replay.server import (
     ManagedServer,
@@ -108,7 +109,9 @@ def probe_target(base_url: str, model: str | None, api_key: str | None,
         raise ReplayError(f"{base_url}/v1/models answered HTTP {resp.status_code}; "
                           "is this an OpenAI-compatible server (and is the API key right)?")
     try:
-        models = [m["id"] for m in resp.json().get("data", [])]
+        listing = resp.json().get("data", [])
+        models = [m["id"] for m in listing]
+        max_len = {m["id"]: m.get("max_model_len") for m in listing}
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ReplayError(f"{base_url}/v1/models did not return an OpenAI model list") from None
     if model is None:
@@ -118,7 +121,54 @@ def probe_target(base_url: str, model: str | None, api_key: str | None,
     elif models and model not in models:
         raise ReplayError(f"{base_url} does not serve model {model!r} (it serves: "
                           f"{', '.join(models)})")
-    return model, {"models": models, "server_version": version}
+    return model, {"models": models, "server_version": version,
+                   "max_model_len": max_len.get(model)}
+
+
+def _accepts_token_id(client: httpx.Client, base_url: str, model: str, token_id: int) -> bool:
+    resp = client.post(base_url + "/v1/completions",
+                       json={"model": model, "prompt": [token_id], "max_tokens": 1})
+    if resp.status_code == 200:
+        return True
+    if resp.status_code in (400, 422):
+        return False
+    raise ReplayError(f"{base_url}/v1/completions answered HTTP {resp.status_code} to a "
+                      f"one-token probe: {resp.text[:200]}")
+
+
+def detect_token_id_range(base_url: str, model: str, api_key: str | None,
+                          wanted: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
+                          timeout_s: float = 30.0) -> tuple[int, int]:
+    """The part of ``wanted`` inside the target's vocabulary, found with 1-token probes.
+
+    One probe when the vocabulary covers ``wanted`` (the usual case); otherwise a binary
+    search for the largest accepted id (about 15 probes), made before the run's window
+    opens, so they are not in its metrics.
+    """
+    low, high = wanted
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
+            if _accepts_token_id(client, base_url, model, high - 1):
+                return wanted
+            low = min(low, 16)
+            if not _accepts_token_id(client, base_url, model, low):
+                raise ReplayError(
+                    f"{base_url} refuses token-id prompts on /v1/completions; agentload's "
+                    "token-id mode needs a vLLM-compatible completions endpoint")
+            good, bad = low, high - 1  # good is accepted, bad is refused
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                if _accepts_token_id(client, base_url, model, mid):
+                    good = mid
+                else:
+                    bad = mid
+    except httpx.HTTPError as exc:
+        raise ReplayError(f"cannot probe {base_url}: {exc}") from None
+    if good + 1 - low < 256:
+        raise ReplayError(f"{base_url}'s vocabulary is too small for token-id prompts "
+                          f"(largest id {good})")
+    return low, good + 1
 
 
 def _prepare_run_dir(run_dir: Path) -> None:
@@ -207,7 +257,9 @@ def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | No
     assert target_url is not None
     base = check_target_url(target_url)
     served, facts = probe_target(base, model, api_key)
-    yield Target(base, served, gpus=gpus or 1, label=base, api_key=api_key), facts, None
+    token_range = detect_token_id_range(base, served, api_key)
+    yield Target(base, served, gpus=gpus or 1, label=base, token_id_range=token_range,
+                 api_key=api_key), facts, None
 
 
 def run_replay(

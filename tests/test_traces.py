@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_demo_trace_shape() -> None:
     trace = read_trace(demo_trace_path())
     for session in trace.sessions:
         main = [r for r in session.requests if r.agent_kind == "main"]
-        for prev, cur in zip(main, main[1:], strict=False):
+        for prev, cur in itertools.pairwise(main):
             assert cur.blocks[: len(prev.blocks)] == prev.blocks  # exact reuse of the context
             assert 1.0 <= cur.pause_s <= 4.0
         assert all(b.tokens == 64 for r in session.requests for b in r.blocks)
@@ -122,7 +123,7 @@ HEADER = '{"agentload_trace": 1, "name": "t", "block_size": 64}'
 def test_bad_lines_name_line_session_request_and_field(tmp_path: Path, line: str,
                                                          message: str) -> None:
     path = _write_lines(tmp_path / "bad.jsonl", HEADER, line)
-    with pytest.raises(TraceError, match="bad.jsonl") as info:
+    with pytest.raises(TraceError, match=r"bad\.jsonl") as info:
         read_trace(path)
     assert message in str(info.value)
 

@@ -1,0 +1,166 @@
+"""End to end against real vLLM (the CPU build serving the tiny local model).
+
+One embedded server serves the whole test session (``embedded_server`` fixture); each
+run uses its own cache salt, so no run sees another's cached blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentload.replay import ReplayOptions, run_replay
+from agentload.replay.tiny_model import DEFAULT_TINY_MODEL
+from agentload.traces import demo_trace_path, read_trace
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.vllm
+
+REQUIRED_KEYS = (
+    "requests_completed", "requests_failed", "p90_interactivity_tok_s",
+    "e2e_norm_p90_interactivity_tok_s", "ttft_p90_s", "decode_throughput_tok_s",
+    "output_throughput_tok_s", "throughput_per_gpu_tok_s", "gpus",
+    "server_prefix_cache_hit_rate", "theoretical_prefix_cache_hit_rate", "osl_exact_fraction",
+)
+
+
+def test_demo_trace_replays_exactly(embedded_server: str, tmp_path: Path) -> None:
+    trace = read_trace(demo_trace_path())
+    result = run_replay(trace, tmp_path / "run", target_url=embedded_server,
+                        options=ReplayOptions(users=4, time_scale=0.3, cache_salt=1001),
+                        progress="none")
+    s = result.summary
+    assert all(key in s for key in REQUIRED_KEYS)
+    assert s["requests_completed"] == trace.num_requests and s["requests_failed"] == 0
+    assert s["osl_exact_fraction"] == 1.0
+    # Exact lengths: the server counted every prompt token the trace asked for.
+    frame = pl.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert frame.height == trace.num_requests
+    assert (frame["isl"] == frame["isl_requested"]).all()
+    assert (frame["osl"] == frame["osl_requested"]).all()
+    assert s["output_tokens"] == sum(r.output_tokens for r in trace.requests())
+    # The server's prefix cache saw the reuse the trace describes.
+    assert s["server_prefix_cache_hit_rate"] is not None
+    assert abs(s["server_prefix_cache_hit_rate"] - s["theoretical_prefix_cache_hit_rate"]) < 0.05
+    assert s["theoretical_prefix_cache_hit_rate"] > 0.5
+    # Numbers are real and consistent with each other.
+    assert s["p90_interactivity_tok_s"] > 0 and s["ttft_p90_s"] > 0
+    assert s["p50_interactivity_tok_s"] >= s["p90_interactivity_tok_s"]
+    assert s["decode_throughput_tok_s"] > s["output_throughput_tok_s"] > 0
+    assert s["gpus"] == 1
+    for name in ("report.md", "report.html", "summary.json", "run.json", "journal.jsonl"):
+        assert (tmp_path / "run" / name).is_file()
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "P90 interactivity" in html and "plotly" in html
+
+
+def test_per_request_cached_tokens_follow_the_trace(embedded_server: str,
+                                                    tmp_path: Path) -> None:
+    result = run_replay(demo_trace_path(), tmp_path / "run", target_url=embedded_server,
+                        options=ReplayOptions(users=2, time_scale=0.1, cache_salt=1002,
+                                              max_requests=20),
+                        progress="none", report=False)
+    assert result.summary["requests_completed"] == 20
+    frame = pl.read_parquet(tmp_path / "run" / "requests.parquet")
+    # A request whose context was sent before is served mostly from cache, one that is
+    # fresh is not; vLLM reports it per request in usage.prompt_tokens_details.
+    diff = (frame["cached_tokens"] - frame["theoretical_cached_tokens"]).abs()
+    assert (diff <= 64).mean() >= 0.9  # type: ignore[operator]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentload", *args]
+
+
+def test_cli_replay_headless(embedded_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(cli("replay", str(demo_trace_path()), "--target", embedded_server,
+                              "--users", "3", "--max-requests", "8", "--time-scale", "0",
+                              "-o", str(out)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests_completed"] == 8 and summary["stop_reason"] == "max requests reached"
+    assert "P90 interactivity" in proc.stdout and str(out / "report.html") in proc.stdout
+
+
+def wait_for_requests(journal: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if journal.exists() and journal.read_text().count('"type":"request"') >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} requests finished within {timeout} s")
+
+
+def test_ctrl_c_keeps_what_completed(embedded_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(cli("replay", str(demo_trace_path()), "--target", embedded_server,
+                                "-o", str(out), "--headless"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_requests(out / "journal.jsonl", 4)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["requests_completed"] >= 4
+    assert (out / "report.html").is_file() and "interrupted run" in stdout
+
+
+def test_kill_9_then_report_rebuilds_the_run(embedded_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(cli("replay", str(demo_trace_path()), "--target", embedded_server,
+                                "-o", str(out), "--headless"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_requests(out / "journal.jsonl", 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = (out / "journal.jsonl").read_text().count('"type":"request"')
+    assert not (out / "summary.json").exists()
+    rebuilt = subprocess.run(cli("report", str(out)), capture_output=True, text=True,
+                             timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests_completed"] + summary["requests_failed"] == done
+    assert summary["interrupted"] is True and (out / "report.md").is_file()
+
+
+def test_demo_command_against_a_running_server(embedded_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run(cli("demo", "--target", embedded_server, "--duration", "6",
+                              "-o", str(out)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "duration reached"
+    assert summary["requests_completed"] > 0 and summary["requests_not_sent"] > 0
+    assert summary["osl_exact_fraction"] == 1.0
+    assert "report:" in proc.stdout and (out / "report.md").is_file()
+
+
+def test_server_that_dies_at_start_is_one_line_and_no_orphan(tmp_path: Path) -> None:
+    """A broken model makes real vLLM exit during start-up."""
+    cache = tmp_path / "cache"
+    model = cache / "models" / f"tiny-llama-{DEFAULT_TINY_MODEL.digest()}"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], '
+                                       '"model_type": "llama"}')
+    (model / "agentload-build.json").write_text("{}")
+    out = tmp_path / "run"
+    proc = subprocess.run(cli("replay", str(demo_trace_path()), "--embedded", "-o", str(out)),
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "AGENTLOAD_CACHE": str(cache)}, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("agentload: error:")]
+    assert len(errors) == 1 and "exited with status" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr.split("agentload: error:")[-1]
+    assert (out / "server.log").is_file() and not (out / "journal.jsonl").exists()
+    leftovers = subprocess.run(["pgrep", "-f", str(model)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
