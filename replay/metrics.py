@@ -107,7 +107,8 @@ def summarize(
         )}
     osl = ok["osl"].fill_null(0)
     isl = ok["isl"].fill_null(ok["isl_requested"])
-    window_s = (ok["last_token_ns"].max() - ok["sent_ns"].min()) / 1e9  # type: ignore[operator]
+    isl_sum, osl_sum = int(isl.sum()), int(osl.sum())
+    window_s = (int(ok["last_token_ns"].max()) - int(ok["sent_ns"].min())) / 1e9  # type: ignore[arg-type]
     decoders = ok.filter(pl.col("osl") >= 2)
     decode_s = decoding_time_s(decoders["first_token_ns"].to_numpy(),
                                decoders["last_token_ns"].to_numpy())
@@ -123,18 +124,20 @@ def summarize(
         "e2el_p90_s": _quantile(ok["e2el_s"], 0.9),
         "decode_throughput_tok_s": (float((decoders["osl"] - 1).sum()) / decode_s
                                     if decode_s > 0 else None),
-        "output_throughput_tok_s": float(osl.sum()) / window_s if window_s > 0 else None,
-        "throughput_per_gpu_tok_s": (float(isl.sum() + osl.sum()) / window_s / gpus
+        "output_throughput_tok_s": osl_sum / window_s if window_s > 0 else None,
+        "throughput_per_gpu_tok_s": ((isl_sum + osl_sum) / window_s / gpus
                                      if window_s > 0 and gpus > 0 else None),
-        "theoretical_prefix_cache_hit_rate": (float(ok["theoretical_cached_tokens"].sum())
-                                              / float(isl.sum()) if isl.sum() else None),
-        "client_cached_tokens_rate": (float(ok["cached_tokens"].sum()) / float(isl.sum())
-                                      if ok["cached_tokens"].null_count() < ok.height
-                                      else None),
+        "theoretical_prefix_cache_hit_rate": (int(ok["theoretical_cached_tokens"].sum())
+                                              / isl_sum if isl_sum else None),
+        # From each response's usage.prompt_tokens_details.cached_tokens, when the server
+        # reports it (vLLM with --enable-prompt-tokens-details).
+        "usage_cached_tokens_rate": (int(ok["cached_tokens"].sum()) / isl_sum
+                                     if isl_sum and ok["cached_tokens"].null_count() < ok.height
+                                     else None),
         "osl_exact_fraction": float((ok["osl"] == ok["osl_requested"]).sum()) / ok.height,
         "osl_from_client_count": int((ok["osl_source"] == "client").sum()),
-        "input_tokens": int(isl.sum()),
-        "output_tokens": int(osl.sum()),
+        "input_tokens": isl_sum,
+        "output_tokens": osl_sum,
         "window_s": window_s,
         "decoding_time_s": decode_s,
     }

@@ -24,21 +24,27 @@ HEADLINE = (
     ("decode_throughput_tok_s", "Decode throughput (aggregate)", "tok/s"),
     ("output_throughput_tok_s", "Output throughput", "tok/s"),
     ("throughput_per_gpu_tok_s", "Throughput per GPU", "tok/s/GPU"),
-    ("server_prefix_cache_hit_rate", "Prefix-cache hit rate (server)", ""),
-    ("theoretical_prefix_cache_hit_rate", "Prefix-cache hit rate (theoretical)", ""),
-    ("osl_exact_fraction", "Requests with exact OSL", ""),
+    ("server_prefix_cache_hit_rate", "Prefix-cache hit rate (server)", "%"),
+    ("theoretical_prefix_cache_hit_rate", "Prefix-cache hit rate (theoretical)", "%"),
+    ("osl_exact_fraction", "Requests with exact OSL", "%"),
 )
 
 
 def fmt(value: Any, unit: str = "") -> str:
+    """A number for people: 3 significant digits, thousands grouped; unit "%" for ratios."""
     if value is None:
         return "n/a"
+    if unit == "%":
+        return f"{value:.1%}"
     if isinstance(value, float):
-        if unit == "":
-            return f"{value:.1%}" if 0 <= value <= 1 else f"{value:.3g}"
         text = f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-        return f"{text} {unit}"
+        return f"{text} {unit}".strip()
     return f"{value} {unit}".strip()
+
+
+def md_escape(text: object) -> str:
+    """A trace- or server-supplied string made inert in Markdown (and the HTML it becomes)."""
+    return html.escape(str(text)).replace("|", "\\|").replace("`", "'")
 
 
 def figures(frame: pl.DataFrame) -> list[go.Figure]:
@@ -84,8 +90,8 @@ def _headline_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def render_markdown(summary: dict[str, Any], run: dict[str, Any], frame: pl.DataFrame) -> str:
-    lines = [f"# agentload run: {run.get('trace', {}).get('name', '?')} on "
-             f"{run.get('target', {}).get('label', '?')}", ""]
+    lines = [f"# agentload run: {md_escape(run.get('trace', {}).get('name', '?'))} on "
+             f"{md_escape(run.get('target', {}).get('label', '?'))}", ""]
     lines += _run_facts(summary, run)
     lines += ["", "| metric | value | definition |", "|---|---|---|"]
     lines += [f"| {label} | {value} | {definition} |"
@@ -98,13 +104,14 @@ def render_markdown(summary: dict[str, Any], run: dict[str, Any], frame: pl.Data
         for row in sessions.iter_rows(named=True):
             itl = row["itl_median_s"]
             lines.append(
-                f"| {row['session_id']} | {row['lane']} | {row['requests']} | {row['failed']} "
+                f"| {md_escape(row['session_id'])} | {row['lane']} | {row['requests']} "
+                f"| {row['failed']} "
                 f"| {fmt(row['wall_s'])} | {fmt(row['ttft_p90_s'])} "
                 f"| {fmt(itl * 1e3 if itl is not None else None)} | {row['output_tokens']} |")
     errors = frame.filter(~pl.col("ok"))
     if errors.height:
         lines += ["", "## Failed requests", ""]
-        lines += [f"- `{r['request_id']}`: {r['error']}"
+        lines += [f"- {md_escape(r['request_id'])}: {md_escape(r['error'])}"
                   for r in errors.head(20).iter_rows(named=True)]
     return "\n".join(lines) + "\n"
 
@@ -112,9 +119,12 @@ def render_markdown(summary: dict[str, Any], run: dict[str, Any], frame: pl.Data
 def _run_facts(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
     target = run.get("target", {})
     opts = run.get("options", {})
+    devices = (f"{summary.get('gpus')} GPU(s)" if target.get("device") == "gpu"
+               else f"{target.get('device')}, counted as {summary.get('gpus')} device for "
+                    "throughput per GPU")
     return [
         f"- target: {target.get('label')} ({target.get('base_url')}, model "
-        f"`{target.get('model')}`), {summary.get('gpus')} GPU(s), device {target.get('device')}",
+        f"`{target.get('model')}`), {devices}",
         f"- trace: {run.get('trace', {}).get('path')}, {opts.get('users')} users, "
         f"time scale {opts.get('time_scale')}, duration limit {opts.get('duration_s')}",
         f"- requests: {summary.get('requests_completed')} completed, "
