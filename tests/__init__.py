@@ -1,0 +1,1 @@
+"""agentload test suite (unit, CLI, packaging, and integration against real vLLM on CPU)."""
