@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,7 +106,6 @@ class ReplayEngine:
         options: ReplayOptions,
         journal: Journal,
         client: httpx.AsyncClient,
-        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         if options.users < 1:
             raise ValueError("users must be at least 1")
@@ -116,7 +114,6 @@ class ReplayEngine:
         self.options = options
         self.journal = journal
         self.client = client
-        self.on_record = on_record
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
         self._url = target.base_url.rstrip("/") + "/v1/completions"
         self._headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
@@ -135,10 +132,6 @@ class ReplayEngine:
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""
         return time.perf_counter_ns() - self._t0_ns
-
-    @property
-    def t0_ns(self) -> int:
-        return self._t0_ns
 
     async def run(self) -> EngineOutcome:
         self._t0_ns = time.perf_counter_ns()
@@ -237,8 +230,6 @@ class ReplayEngine:
         else:
             self._failed += 1
         self.journal.write_request(rec)
-        if self.on_record is not None:
-            self.on_record(rec)
 
     def _record(self, lane: int, turn: int, req: Request, intended_ns: int,
                 res: StreamResult, theoretical: int) -> RequestRecord:

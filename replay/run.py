@@ -44,7 +44,7 @@ from agentload.replay.errors import ReplayError
 from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
 from agentload.replay.metrics import DEFINITIONS, summarize
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE
-from agentload.replay.report import fmt, write_reports
+from agentload.replay.report import HEADLINE, fmt, write_reports
 from agentload.replay.server import (
     ManagedServer,
     ServerSpec,
@@ -374,8 +374,6 @@ def default_demo_dir(root: Path = Path("runs")) -> Path:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The console table printed after a run."""
-    from agentload.replay.report import HEADLINE
-
     width = max(len(label) for _, label, _ in HEADLINE)
     lines = [f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
              f"({summary.get('requests_failed')} failed)"]

@@ -216,7 +216,7 @@ class ManagedServer:
                 with contextlib.suppress(httpx.TransportError):
                     if client.get(url).status_code == 200:
                         self._report(f"{self.spec.label} ready on {self.spec.base_url} "
-                                     f"after {elapsed:.0f} s", final=True)
+                                     f"after {elapsed:.0f} s")
                         return
                 if elapsed > self.startup_timeout_s:
                     raise ServerError(
@@ -229,7 +229,7 @@ class ManagedServer:
                                  f"(log: {self.log_path})")
                 time.sleep(0.5)
 
-    def _report(self, line: str, final: bool = False) -> None:
+    def _report(self, line: str) -> None:
         if self._progress is not None:
             self._progress(line)
 
