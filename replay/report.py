@@ -77,6 +77,7 @@ def figures(frame: pl.DataFrame) -> list[go.Figure]:
             base=start.to_list(), x=((data[end_col] / 1e9) - start).to_list(),
             y=[f"lane {lane}" for lane in data["lane"].to_list()], orientation="h",
             name=phase_name, text=[html.escape(r) for r in data["request_id"].to_list()],
+            textposition="none",
             hovertemplate="%{text}<br>%{base:.2f} s + %{x:.2f} s<extra></extra>",
         ))
     lanes.update_layout(title="Session lanes: each request's prefill and decode (gaps are pauses)",
