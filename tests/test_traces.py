@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from agentload.traces import (
     Block,
+    Message,
+    RecordedTiming,
     Request,
     Session,
     SynthConfig,
@@ -24,6 +26,7 @@ from agentload.traces import (
 from agentload.traces.cli import trace_stats
 from agentload.traces.model import prefix_hit_tokens, theoretical_prefix_hits
 
+seconds_st = st.floats(0, 1e6, allow_nan=False)
 blocks_st = st.lists(st.builds(Block, id=st.integers(0, 10**9), tokens=st.integers(1, 512)),
                      min_size=1, max_size=8).map(tuple)
 
@@ -42,6 +45,13 @@ def sessions_st(draw: st.DrawFn, sid: str) -> Session:
             agent_id=draw(st.sampled_from(["main", "sa1"])),
             agent_kind=draw(st.sampled_from(["main", "subagent", "aux"])),
             model=draw(st.none() | st.text(min_size=1, max_size=8)),
+            recorded=draw(st.none() | st.builds(
+                RecordedTiming, t=st.none() | seconds_st, api_time=st.none() | seconds_st,
+                ttft=st.none() | seconds_st)),
+            arrival_s=draw(st.none() | seconds_st),
+            messages=draw(st.none() | st.lists(st.builds(
+                Message, role=st.sampled_from(["system", "user", "assistant", "tool"]),
+                content=st.text(max_size=40)), max_size=3).map(tuple)),
         ))
     return Session(id=sid, requests=tuple(reqs))
 
@@ -108,15 +118,15 @@ HEADER = '{"agentload_trace": 1, "name": "t", "block_size": 64}'
     ("line", "message"),
     [
         ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 0}]}',
-         ":2: session 's0': request 'a' asks for 0 output tokens"),
+         ":2: session 's0' request 'a' field out: asks for 0 output tokens"),
         ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
          '"deps": ["zz"]}]}', "depends on 'zz'"),
         ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1]], "out": 5}]}',
-         "blocks[0] must be [block id, token count]"),
+         "field blocks[0]: must be [block id, token count]"),
         ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
-         '"pause_s": -1}]}', "negative pause_s"),
+         '"pause_s": -1}]}', "field pause_s: pause must be finite and >= 0 s"),
         ('{"session": "s0", "requests": [{"id": "a", "blocks": [[1, 64]], "out": 5, '
-         '"kind": "boss"}]}', '"kind" must be one of'),
+         '"kind": "boss"}]}', 'field kind: must be one of'),
         ('{"session": "s0"', ":2: not JSON"),
     ],
 )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from agentload.traces.errors import TraceError
-from agentload.traces.model import Block, RecordedTiming, Request, Session, Trace
+from agentload.traces.model import Block, Message, RecordedTiming, Request, Session, Trace
 from agentload.traces.native import iter_sessions, read_trace, write_trace
 from agentload.traces.synth import SynthConfig, demo_trace_path, synthesize
 
 __all__ = [
     "Block",
+    "Message",
     "RecordedTiming",
     "Request",
     "Session",

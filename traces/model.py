@@ -12,10 +12,11 @@ path of a replay without further validation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentload.traces.checks import Problem, first_error, is_seconds, structure_problems
 from agentload.traces.errors import TraceError
 
 AgentKind = Literal["main", "subagent", "aux"]
@@ -40,8 +41,23 @@ class RecordedTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message as the source recorded it (kept only when content is wanted)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
-    """One model call of an agent: prompt blocks in, ``output_tokens`` out."""
+    """One model call of an agent: prompt blocks in, ``output_tokens`` out.
+
+    ``pause_s`` is the think or tool time between the last dependency finishing and
+    this request being sent. ``arrival_s`` (open-loop traces such as Mooncake) is the
+    earliest send time in seconds from the start of the trace; closed-loop traces
+    leave it unset. ``messages`` holds the recorded conversation when a source had it
+    and the user asked to keep content; block ids alone define the prompt's tokens.
+    """
 
     id: str
     session_id: str
@@ -53,6 +69,8 @@ class Request:
     agent_kind: AgentKind = "main"
     model: str | None = None
     recorded: RecordedTiming | None = None
+    arrival_s: float | None = None
+    messages: tuple[Message, ...] | None = None
 
     @property
     def input_tokens(self) -> int:
@@ -67,30 +85,31 @@ class Session:
     requests: tuple[Request, ...]
 
     def __post_init__(self) -> None:
-        seen: set[str] = set()
-        for req in self.requests:
-            if req.session_id != self.id:
-                raise TraceError(
-                    f"session {self.id!r}: request {req.id!r} says session {req.session_id!r}"
-                )
-            if req.id in seen:
-                raise TraceError(f"session {self.id!r}: request id {req.id!r} appears twice")
-            for dep in req.depends_on:
-                if dep not in seen:
-                    raise TraceError(
-                        f"session {self.id!r}: request {req.id!r} depends on {dep!r}, "
-                        "which is not an earlier request of the session"
-                    )
-            if req.pause_s < 0:
-                raise TraceError(
-                    f"session {self.id!r}: request {req.id!r} has negative pause_s {req.pause_s}"
-                )
-            if req.output_tokens < 1:
-                raise TraceError(
-                    f"session {self.id!r}: request {req.id!r} asks for "
-                    f"{req.output_tokens} output tokens (at least 1)"
-                )
-            seen.add(req.id)
+        problem = first_error(session_problems(self.id, self.requests))
+        if problem is not None:
+            raise TraceError(problem.describe())
+
+
+def session_problems(session_id: str, requests: Sequence[Request]) -> list[Problem]:
+    """Everything structurally wrong with a session (see ``checks.structure_problems``)."""
+    problems = structure_problems(session_id, requests)
+    for req in requests:
+        if req.session_id != session_id:
+            problems.append(Problem(f"says it belongs to session {req.session_id!r}",
+                                    session_id, req.id, "session"))
+        if not is_seconds(req.pause_s):
+            problems.append(Problem(f"pause must be finite and >= 0 s, got {req.pause_s}",
+                                    session_id, req.id, "pause_s"))
+        if req.arrival_s is not None and not is_seconds(req.arrival_s):
+            problems.append(Problem(f"arrival must be finite and >= 0 s, got {req.arrival_s}",
+                                    session_id, req.id, "arrival_s"))
+        if req.output_tokens < 1:
+            problems.append(Problem(f"asks for {req.output_tokens} output tokens (at least 1)",
+                                    session_id, req.id, "out"))
+        if not req.blocks:
+            problems.append(Problem("has an empty prompt (no blocks)",
+                                    session_id, req.id, "blocks"))
+    return problems
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,20 +15,23 @@ names the line, the session and the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from agentload.traces.checks import Problem, first_error, is_count, is_seconds, structure_problems
 from agentload.traces.errors import TraceError
 from agentload.traces.model import (
     AGENT_KINDS,
     Block,
+    Message,
     RecordedTiming,
     Request,
     Session,
     Trace,
+    session_problems,
 )
 
 FORMAT_VERSION = 1
@@ -81,6 +84,10 @@ def _request_to_dict(req: Request) -> dict[str, Any]:
         rec = {k: v for k, v in (("t", req.recorded.t), ("api_time", req.recorded.api_time),
                                  ("ttft", req.recorded.ttft)) if v is not None}
         row["recorded"] = rec
+    if req.arrival_s is not None:
+        row["arrival_s"] = req.arrival_s
+    if req.messages is not None:
+        row["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
     return row
 
 
@@ -109,77 +116,141 @@ def _open(path: Path) -> tuple[dict[str, Any], Iterator[Session]]:
 
 def _sessions(path: Path, handle: Any) -> Iterator[Session]:
     with handle:
-        for lineno, line in enumerate(handle, start=2):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise TraceError(f"{path}:{lineno}: not JSON ({exc})") from None
-            try:
-                yield _session_from_dict(obj)
-            except TraceError as exc:
-                raise TraceError(f"{path}:{lineno}: {exc}") from None
+        for lineno, obj, problems in _session_lines(handle):
+            error = first_error(problems)
+            if error is not None:
+                raise TraceError(error.at_line(lineno).describe(str(path)))
+            assert obj is not None
+            yield obj
 
 
-def _session_from_dict(obj: Any) -> Session:
+def _session_lines(handle: Any) -> Iterator[tuple[int, Session | None, list[Problem]]]:
+    """Each non-empty line after the header: its number, the session, its problems."""
+    for lineno, line in enumerate(handle, start=2):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            yield lineno, None, [Problem(f"not JSON ({exc})")]
+            continue
+        problems: list[Problem] = []
+        session = session_from_dict(obj, problems)
+        yield lineno, session, problems
+
+
+def session_from_dict(obj: Any, problems: list[Problem]) -> Session | None:
+    """Parse one session object, appending every problem found; None if any is an error."""
     if not isinstance(obj, dict) or not isinstance(obj.get("session"), str):
-        raise TraceError("a session line needs a string \"session\" id")
+        problems.append(Problem('a session line needs a string "session" id', field="session"))
+        return None
     sid = obj["session"]
     rows = obj.get("requests")
     if not isinstance(rows, list) or not rows:
-        raise TraceError(f"session {sid!r}: \"requests\" must be a non-empty list")
-    return Session(id=sid, requests=tuple(_request_from_dict(sid, i, r)
-                                          for i, r in enumerate(rows)))
+        problems.append(Problem('"requests" must be a non-empty list', sid, field="requests"))
+        return None
+    requests = [request_from_dict(sid, i, r, problems) for i, r in enumerate(rows)]
+    parsed = [r for r in requests if r is not None]
+    if len(parsed) != len(requests):
+        # Still check the structure of what parsed, so one run lists more problems.
+        problems.extend(structure_problems(sid, parsed))
+        return None
+    session_errors = session_problems(sid, parsed)
+    problems.extend(session_errors)
+    if first_error(session_errors) is not None:
+        return None
+    return Session(id=sid, requests=tuple(parsed))
 
 
-def _request_from_dict(sid: str, index: int, row: Any) -> Request:
-    where = f"session {sid!r} request #{index}"
+def request_from_dict(sid: str, index: int, row: Any, problems: list[Problem]) -> Request | None:
+    """Parse one request object of session ``sid``; every bad field becomes a Problem."""
     if not isinstance(row, dict):
-        raise TraceError(f"{where}: must be an object")
+        problems.append(Problem(f"request #{index} must be an object", sid))
+        return None
     rid = row.get("id")
     if not isinstance(rid, str):
-        raise TraceError(f"{where}: \"id\" must be a string")
-    where = f"session {sid!r} request {rid!r}"
-    blocks = _blocks(where, row.get("blocks"))
+        problems.append(Problem(f'request #{index} needs a string "id"', sid, field="id"))
+        return None
+    before = len(problems)
+
+    def bad(name: str, message: str) -> None:
+        problems.append(Problem(message, sid, rid, name))
+
+    blocks = _blocks(row.get("blocks"), bad)
     out = row.get("out")
-    if not isinstance(out, int) or isinstance(out, bool):
-        raise TraceError(f"{where}: \"out\" must be an integer token count")
+    if not is_count(out):
+        bad("out", "must be an integer token count")
     kind = row.get("kind", "main")
     if kind not in AGENT_KINDS:
-        raise TraceError(f"{where}: \"kind\" must be one of {', '.join(AGENT_KINDS)}")
+        bad("kind", f"must be one of {', '.join(AGENT_KINDS)}, got {kind!r}")
     deps = row.get("deps", [])
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        raise TraceError(f"{where}: \"deps\" must be a list of request ids")
+        bad("deps", "must be a list of request ids")
     pause = row.get("pause_s", 0.0)
-    if not isinstance(pause, int | float) or isinstance(pause, bool):
-        raise TraceError(f"{where}: \"pause_s\" must be a number of seconds")
-    rec = row.get("recorded")
-    recorded = None
-    if rec is not None:
-        if not isinstance(rec, dict):
-            raise TraceError(f"{where}: \"recorded\" must be an object")
-        recorded = RecordedTiming(t=rec.get("t"), api_time=rec.get("api_time"),
-                                  ttft=rec.get("ttft"))
+    if not (isinstance(pause, int | float) and not isinstance(pause, bool)):
+        bad("pause_s", "must be a number of seconds")
+    arrival = row.get("arrival_s")
+    if arrival is not None and not (isinstance(arrival, int | float)
+                                    and not isinstance(arrival, bool)):
+        bad("arrival_s", "must be a number of seconds")
+    for name in ("agent", "model"):
+        if name in row and not isinstance(row[name], str):
+            bad(name, "must be a string")
+    recorded = _recorded(row.get("recorded"), bad)
+    messages = _messages(row.get("messages"), bad)
+    if len(problems) > before:
+        return None
     return Request(
         id=rid, session_id=sid, blocks=blocks, output_tokens=out, depends_on=tuple(deps),
-        pause_s=float(pause), agent_id=str(row.get("agent", "main")), agent_kind=kind,
+        pause_s=float(pause), agent_id=row.get("agent", "main"), agent_kind=kind,
         model=row.get("model"), recorded=recorded,
+        arrival_s=None if arrival is None else float(arrival), messages=messages,
     )
 
 
-def _blocks(where: str, raw: Any) -> tuple[Block, ...]:
+def _blocks(raw: Any, bad: Callable[[str, str], None]) -> tuple[Block, ...]:
     if not isinstance(raw, list) or not raw:
-        raise TraceError(f"{where}: \"blocks\" must be a non-empty list of [id, tokens]")
+        bad("blocks", "must be a non-empty list of [block id, token count]")
+        return ()
     blocks = []
     for j, pair in enumerate(raw):
-        if (not isinstance(pair, list) or len(pair) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
-            raise TraceError(f"{where}: blocks[{j}] must be [block id, token count] integers")
-        if pair[1] < 1:
-            raise TraceError(f"{where}: blocks[{j}] has {pair[1]} tokens (at least 1)")
-        blocks.append(Block(id=pair[0], tokens=pair[1]))
+        if not isinstance(pair, list) or len(pair) != 2 or not all(is_count(x) for x in pair):
+            bad(f"blocks[{j}]", "must be [block id, token count] integers")
+        elif pair[1] < 1:
+            bad(f"blocks[{j}]", f"has {pair[1]} tokens (at least 1)")
+        else:
+            blocks.append(Block(id=pair[0], tokens=pair[1]))
     return tuple(blocks)
+
+
+def _recorded(raw: Any, bad: Callable[[str, str], None]) -> RecordedTiming | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        bad("recorded", "must be an object of {t, api_time, ttft}")
+        return None
+    for key, value in raw.items():
+        if key not in ("t", "api_time", "ttft"):
+            bad(f"recorded.{key}", "is not a recorded timing (t, api_time, ttft)")
+        elif value is not None and not is_seconds(value):
+            bad(f"recorded.{key}", f"must be finite and >= 0 s, got {value!r}")
+    return RecordedTiming(t=raw.get("t"), api_time=raw.get("api_time"), ttft=raw.get("ttft"))
+
+
+def _messages(raw: Any, bad: Callable[[str, str], None]) -> tuple[Message, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        bad("messages", "must be a list of {role, content}")
+        return None
+    messages = []
+    for j, m in enumerate(raw):
+        if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)):
+            bad(f"messages[{j}]", "must be {\"role\": str, \"content\": str}")
+        else:
+            messages.append(Message(role=m["role"], content=m["content"]))
+    return tuple(messages)
 
 
 def write_sessions(sessions: Iterable[Session], path: str | Path, name: str,
