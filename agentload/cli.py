@@ -27,6 +27,11 @@ app = typer.Typer(
 app.add_typer(replay_app)  # serve, replay, demo at the top level
 app.add_typer(traces_app, name="traces")
 
+# Benchmarks from every room, under one roof: ``agentload bench NAME``.
+bench_app = typer.Typer(no_args_is_help=True,
+                        help="Benchmarks that print side-by-side measurements.")
+app.add_typer(bench_app, name="bench")
+
 
 def _version(value: bool) -> None:
     if value:

@@ -30,6 +30,8 @@ from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
 from agentload.traces import Request, Session, Trace
 from agentload.traces.model import prefix_hit_tokens
 
+SESSION_HEADER = "X-Session-ID"
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -116,7 +118,7 @@ class ReplayEngine:
         self.client = client
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
         self._url = target.base_url.rstrip("/") + "/v1/completions"
-        self._headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else None
+        self._auth = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         self._sent_blocks: set[int] = set()
         self._t0_ns = 0
         self._deadline_ns: int | None = None
@@ -220,7 +222,9 @@ class ReplayEngine:
         self._sent += 1
         self._in_flight += 1
         try:
-            res = await stream_completion(self.client, self._url, body, headers=self._headers)
+            # The session header lets a recording proxy or a router group a user's turns.
+            headers = {**self._auth, SESSION_HEADER: req.session_id}
+            res = await stream_completion(self.client, self._url, body, headers=headers)
         finally:
             self._in_flight -= 1
         rec = self._record(lane, turn, req, intended_ns, res, theoretical)

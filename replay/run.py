@@ -90,6 +90,9 @@ def check_target_url(url: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
+PROBE_HEADER = "X-Agentload-Probe"
+
+
 def probe_target(base_url: str, model: str | None, api_key: str | None,
                  timeout_s: float = 10.0) -> tuple[str, dict[str, Any]]:
     """Ask the server for its models (and version); return (model to use, facts)."""
@@ -126,7 +129,8 @@ def probe_target(base_url: str, model: str | None, api_key: str | None,
 
 
 def _accepts_token_id(client: httpx.Client, base_url: str, model: str, token_id: int) -> bool:
-    resp = client.post(base_url + "/v1/completions",
+    # The probe header lets a recording proxy (``agentload record``) leave probes out.
+    resp = client.post(base_url + "/v1/completions", headers={PROBE_HEADER: "1"},
                        json={"model": model, "prompt": [token_id], "max_tokens": 1})
     if resp.status_code == 200:
         return True

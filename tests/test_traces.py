@@ -144,3 +144,13 @@ def test_missing_and_foreign_files_are_clear_errors(tmp_path: Path) -> None:
     foreign = _write_lines(tmp_path / "weka.json", '{"id": "trace_1", "requests": []}')
     with pytest.raises(TraceError, match="not an agentload trace"):
         read_trace(foreign)
+
+
+@settings(max_examples=40, deadline=None)
+@given(trace=traces_st())
+def test_native_parquet_round_trip_is_lossless(trace: Trace, tmp_path_factory) -> None:
+    from agentload.traces.files import load_native, save_trace
+
+    path = tmp_path_factory.mktemp("rt") / "t.parquet"
+    save_trace(trace, path)
+    assert load_native(path) == trace

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from agentload.traces.model import theoretical_prefix_hits
-from agentload.traces.native import read_trace, write_trace
-from agentload.traces.synth import SynthConfig, synthesize
+from agentload.traces.native import read_trace
+from agentload.traces.synth_cli import synth
 
 app = typer.Typer(no_args_is_help=True, help="Inspect and make traces.")
 
@@ -50,12 +50,4 @@ def stats(
                    else f"{key:<36} {value}")
 
 
-@app.command()
-def synth(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write.")],
-    sessions: Annotated[int, typer.Option(min=1, help="Number of sessions.")] = 8,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 7,
-) -> None:
-    """Write a seeded AgentX-style trace (the bundled demo trace is the default one)."""
-    write_trace(synthesize(SynthConfig(sessions=sessions, seed=seed)), output)
-    typer.echo(f"wrote {output}")
+app.command()(synth)
