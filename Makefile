@@ -33,7 +33,7 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy agentload traces replay
+	$(PY) tests/typecheck.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

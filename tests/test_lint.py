@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.typecheck import run_mypy
 
 
 def test_ruff() -> None:
@@ -15,6 +16,6 @@ def test_ruff() -> None:
 
 
 def test_mypy_strict() -> None:
-    out = subprocess.run([sys.executable, "-m", "mypy", "agentload", "traces", "replay"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = run_mypy()
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "Success" in out.stdout

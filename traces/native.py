@@ -201,7 +201,7 @@ def request_from_dict(sid: str, index: int, row: Any, problems: list[Problem]) -
     if len(problems) > before:
         return None
     return Request(
-        id=rid, session_id=sid, blocks=blocks, output_tokens=out, depends_on=tuple(deps),
+        id=rid, session_id=sid, blocks=blocks, output_tokens=out or 0, depends_on=tuple(deps),
         pause_s=float(pause), agent_id=row.get("agent", "main"), agent_kind=kind,
         model=row.get("model"), recorded=recorded,
         arrival_s=None if arrival is None else float(arrival), messages=messages,
