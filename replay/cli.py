@@ -72,7 +72,11 @@ def _print_result(result: RunResult) -> None:
 
 @app.command()
 def replay(
-    trace: Annotated[Path, typer.Argument(help="Trace file (agentload JSONL).")],
+    trace: Annotated[Path, typer.Argument(
+        help="Trace: native .jsonl / .parquet, or a foreign file or directory (see --format).")],
+    trace_format: Annotated[str, typer.Option(
+        "--format", "-f", help="Trace format: auto (native, or recognised from the first "
+        "record), native, weka, mooncake, dynamo, openai-messages.")] = "auto",
     target: Annotated[str | None, typer.Option(
         "--target", "-t", help="Base URL of an OpenAI-compatible server, e.g. "
         "http://127.0.0.1:8000.")] = None,
@@ -112,13 +116,15 @@ def replay(
       agentload replay trace.jsonl --target http://127.0.0.1:8000 --users 8 -o runs/a
 
       agentload replay trace.jsonl --embedded --duration 60 -o runs/cpu
+
+      agentload replay ../cc-traces/ --format weka --target http://gpu-node:8000 -o runs/weka
     """
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
-        report=not no_report, progress=_progress_mode(headless),
+        report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
     )
     _print_result(result)
 

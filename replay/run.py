@@ -52,7 +52,8 @@ from agentload.replay.server import (
     last_log_error,
     serving,
 )
-from agentload.traces import Trace, read_trace
+from agentload.traces import Trace
+from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
 
 # live: one status line rewritten every second (a TTY); headless: a line every few seconds.
 ProgressMode = Literal["live", "headless", "none"]
@@ -184,10 +185,19 @@ def _prepare_run_dir(run_dir: Path) -> None:
         raise ReplayError(f"cannot create run directory {run_dir}: {exc.strerror}") from None
 
 
-def _load(trace: Trace | Path) -> tuple[Trace, str]:
+def _load(trace: Trace | Path, fmt: str, say: Say) -> tuple[Trace, str, str]:
+    """The trace, where it came from, and its format (foreign files are imported)."""
     if isinstance(trace, Trace):
-        return trace, "<in memory>"
-    return read_trace(trace), str(trace)
+        return trace, "<in memory>", "native"
+    if fmt == AUTO:
+        fmt = detect_format(Path(trace))
+    result = load_any(trace, fmt)
+    if fmt != NATIVE:
+        say(f"imported {trace} as {fmt}: {result.trace.num_requests} requests in "
+            f"{len(result.trace.sessions)} sessions")
+        for note in result.notes:
+            say(f"  note: {note}")
+    return result.trace, str(trace), fmt
 
 
 def progress_line(snap: ProgressSnapshot) -> str:
@@ -281,6 +291,7 @@ def run_replay(
     report: bool = True,
     startup_timeout_s: float = 600.0,
     say: Say = say_stderr,
+    trace_format: str = AUTO,
 ) -> RunResult:
     """Replay ``trace`` against ``target_url`` (or a fresh embedded server) into ``run_dir``."""
     if embedded == (target_url is not None):
@@ -290,14 +301,15 @@ def run_replay(
     options = options or ReplayOptions(cache_salt=new_cache_salt())
     if options.users < 1:
         raise ReplayError("--users must be at least 1")
-    trace_obj, trace_path = _load(trace)
+    trace_obj, trace_path, trace_format = _load(trace, trace_format, say)
     run_dir = Path(run_dir)
     _prepare_run_dir(run_dir)
     spec = embedded_server_spec() if embedded else None
     run: dict[str, Any] = {
         "agentload_version": __version__,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "trace": {"name": trace_obj.name, "path": trace_path, "sessions": len(trace_obj.sessions),
+        "trace": {"name": trace_obj.name, "path": trace_path, "format": trace_format,
+                  "sessions": len(trace_obj.sessions),
                   "requests": trace_obj.num_requests, "block_size": trace_obj.block_size},
         "options": asdict(options),
         "prompt_mode": "token-ids",

@@ -92,6 +92,12 @@ def _request_to_dict(req: Request) -> dict[str, Any]:
 
 
 def _open(path: Path) -> tuple[dict[str, Any], Iterator[Session]]:
+    header, handle = _open_handle(path)
+    return header, _sessions(path, handle)
+
+
+def _open_handle(path: Path) -> tuple[dict[str, Any], Any]:
+    """The parsed header line and the open file, positioned at the first session."""
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}")
     handle = open(path, "rb")  # noqa: SIM115 - closed by the session generator
@@ -111,7 +117,24 @@ def _open(path: Path) -> tuple[dict[str, Any], Iterator[Session]]:
         handle.close()
         raise TraceError(f"{path}:1: unsupported agentload_trace version "
                          f"{header['agentload_trace']!r} (this agentload reads {FORMAT_VERSION})")
-    return header, _sessions(path, handle)
+    return header, handle
+
+
+def session_problems_by_line(path: str | Path) -> tuple[dict[str, Any],
+                                                        Iterator[tuple[int, Session | None,
+                                                                       list[Problem]]]]:
+    """The header, then (line, parsed session or None, every problem) for each line.
+
+    Header problems raise ``TraceError``; ``agentload traces validate`` uses this to
+    list all problems instead of stopping at the first.
+    """
+    header, handle = _open_handle(Path(path))
+    return header, _closing_lines(handle)
+
+
+def _closing_lines(handle: Any) -> Iterator[tuple[int, Session | None, list[Problem]]]:
+    with handle:
+        yield from _session_lines(handle)
 
 
 def _sessions(path: Path, handle: Any) -> Iterator[Session]:
