@@ -195,15 +195,16 @@ def hashed_blocks(ids: BlockIds, namespace: Hashable, hash_ids: list[int], input
                   block_size: int, reader: FieldReader, *, partial_last: bool) -> list[Block]:
     """Blocks for a prompt of ``input_tokens`` described by per-block source hashes.
 
-    Each hash covers ``block_size`` tokens; with ``partial_last`` (Mooncake) the last
-    hash may cover fewer. A partial block's id is keyed by its length too, since it is
-    not the same content as a full block of the same hash. Tokens past the hashed
-    blocks (WEKA hashes full blocks only) get fresh ids: nothing else shares them.
+    Each hash covers ``block_size`` tokens. With ``partial_last`` (Mooncake, Dynamo:
+    ``len(hash_ids) == ceil(input / block_size)``) the last hash may cover fewer, and
+    its id is keyed by its length too, since it is not the same content as a full block
+    of that hash. Without it (WEKA hashes full blocks only) the tokens past the hashed
+    blocks get fresh ids: nothing else shares them.
     """
     n = len(hash_ids)
     hashed = block_size * n
-    if (n and input_tokens <= block_size * (n - 1)) or (not partial_last
-                                                         and input_tokens < hashed):
+    too_few = input_tokens < hashed if not partial_last else bool(n) and input_tokens > hashed
+    if (n and input_tokens <= block_size * (n - 1)) or too_few:
         raise reader.fail("hash_ids", f"{n} blocks of {block_size} tokens disagree with "
                                       f"the prompt's {input_tokens} input tokens")
     blocks = []
