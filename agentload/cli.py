@@ -16,7 +16,10 @@ import typer
 
 from agentload import AgentloadError, __version__
 from agentload.replay.cli import app as replay_app
+from agentload.traces.bench import import_speed
 from agentload.traces.cli import app as traces_app
+from agentload.traces.record import record_command
+from agentload.traces.record_bench import bench_proxy_command
 
 app = typer.Typer(
     name="agentload",
@@ -26,11 +29,14 @@ app = typer.Typer(
 )
 app.add_typer(replay_app)  # serve, replay, demo at the top level
 app.add_typer(traces_app, name="traces")
+app.command("record")(record_command)
 
 # Benchmarks from every room, under one roof: ``agentload bench NAME``.
 bench_app = typer.Typer(no_args_is_help=True,
                         help="Benchmarks that print side-by-side measurements.")
 app.add_typer(bench_app, name="bench")
+bench_app.command("proxy")(bench_proxy_command)
+bench_app.command("import")(import_speed)
 
 
 def _version(value: bool) -> None:

@@ -56,14 +56,18 @@ class BlockIds:
 
     def __init__(self) -> None:
         self._ids: dict[Hashable, int] = {}
+        self._tables: dict[Hashable, dict[Hashable, int]] = {}
         self._next = 1
 
     def get(self, key: Hashable) -> int:
         found = self._ids.get(key)
         if found is None:
-            found = self._ids[key] = self._next
-            self._next += 1
+            found = self._ids[key] = self.fresh()
         return found
+
+    def table(self, namespace: Hashable) -> dict[Hashable, int]:
+        """The key -> id dict of one namespace, for hot loops (fill misses with fresh)."""
+        return self._tables.setdefault(namespace, {})
 
     def fresh(self) -> int:
         self._next += 1
@@ -177,7 +181,8 @@ class FieldReader:
         value = self.row.get(name)
         if value is None:
             return None
-        if not isinstance(value, list) or not all(is_count(x) for x in value):
+        # ``type(x) is int`` (not isinstance) also refuses bools, and is fast on long lists.
+        if not isinstance(value, list) or not all(type(x) is int for x in value):
             raise self.fail(name, "must be a list of integer block hashes")
         return value
 
@@ -207,11 +212,15 @@ def hashed_blocks(ids: BlockIds, namespace: Hashable, hash_ids: list[int], input
     if (n and input_tokens <= block_size * (n - 1)) or too_few:
         raise reader.fail("hash_ids", f"{n} blocks of {block_size} tokens disagree with "
                                       f"the prompt's {input_tokens} input tokens")
+    table = ids.table(namespace)
     blocks = []
     for j, h in enumerate(hash_ids):
         tokens = block_size if j < n - 1 else min(block_size, input_tokens - block_size * j)
-        key = (namespace, h) if tokens == block_size else (namespace, h, tokens)
-        blocks.append(Block(ids.get(key), tokens))
+        key: Hashable = h if tokens == block_size else (h, tokens)
+        found = table.get(key)
+        if found is None:
+            found = table[key] = ids.fresh()
+        blocks.append(Block(found, tokens))
     blocks.extend(fresh_blocks(ids, max(0, input_tokens - hashed), block_size))
     return blocks
 
