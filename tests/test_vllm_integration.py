@@ -164,3 +164,42 @@ def test_server_that_dies_at_start_is_one_line_and_no_orphan(tmp_path: Path) -> 
     assert (out / "server.log").is_file() and not (out / "journal.jsonl").exists()
     leftovers = subprocess.run(["pgrep", "-f", str(model)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
+
+
+def test_foreign_trace_files_replay_directly(embedded_server: str, tmp_path: Path) -> None:
+    """A Dynamo file (recognised from its rows) and a ShareGPT file replay without import."""
+    dynamo = tmp_path / "agentic.jsonl"
+    rows = [{"schema": "dynamo.agentic_trace", "version": 2, "block_size": 64}]
+    for s in range(3):
+        rows.append({"request_id": f"{s}-0", "session_id": f"S{s}", "not_before_ms": 0,
+                     "input_length": 300, "output_length": 12,
+                     "hash_ids": [1, 2, 3, 4, 100 + s]})
+        rows.append({"request_id": f"{s}-1", "session_id": f"S{s}", "input_length": 700,
+                     "output_length": 9, "hash_ids": [1, 2, 3, 4, *range(200 + 10 * s,
+                                                                         207 + 10 * s)],
+                     "dependencies": [{"request_id": f"{s}-0", "trigger": "completion",
+                                       "delay_ms": 20}]})
+    dynamo.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": "Explain the build failure. " * (20 + i)},
+        {"from": "gpt", "value": "It is a missing import. " * 5},
+        {"from": "human", "value": "And the fix? " * 30},
+        {"from": "gpt", "value": "Add the import. " * 3}]} for i in range(2)]))
+    from agentload.traces.formats import load_any
+
+    for src, n in ((dynamo, 6), (chats, 4)):
+        out = tmp_path / f"run-{src.stem}"
+        proc = subprocess.run(cli("replay", str(src), "--target", embedded_server, "--users",
+                                  "2", "--time-scale", "0", "--no-report", "-o", str(out)),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert f"imported {src}" in proc.stderr
+        done = pl.read_parquet(out / "requests.parquet")
+        assert done.height == n and done["ok"].all()
+        trace = load_any(src).trace
+        want = {r.id: (r.input_tokens, r.output_tokens) for r in trace.requests()}
+        for row in done.iter_rows(named=True):
+            assert (row["isl"], row["osl"]) == want[row["request_id"]]
+        run = json.loads((out / "run.json").read_text())
+        assert run["trace"]["format"] in ("dynamo", "openai-messages")
