@@ -16,6 +16,7 @@ import typer
 
 from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
+from agentload.replay.fit import FitOptions
 from agentload.replay.run import (
     ProgressMode,
     RunResult,
@@ -43,11 +44,12 @@ Headless = Annotated[bool | None, typer.Option(
 
 
 def _options(users: int, duration: float | None, max_requests: int | None, time_scale: float,
-             cache_salt: int | None, request_timeout: float) -> ReplayOptions:
+             cache_salt: int | None, request_timeout: float,
+             open_loop: bool = False) -> ReplayOptions:
     return ReplayOptions(
         users=users, duration_s=duration, max_requests=max_requests, time_scale=time_scale,
         cache_salt=cache_salt if cache_salt is not None else new_cache_salt(),
-        request_timeout_s=request_timeout,
+        request_timeout_s=request_timeout, open_loop=open_loop,
     )
 
 
@@ -105,6 +107,18 @@ def replay(
     ] = "OPENAI_API_KEY",
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.md/html.")] = False,
     headless: Headless = None,
+    scale_tokens: Annotated[float, typer.Option(
+        "--scale-tokens", min=0.0, help="Multiply every prompt block and output length by "
+        "this (reuse is kept exactly), so long traces fit a small model.")] = 1.0,
+    max_context: Annotated[int | None, typer.Option(
+        "--max-context", min=2, help="After scaling, cut prompts so ISL + OSL fit this many "
+        "tokens (leading blocks are kept).")] = None,
+    pause_cap: Annotated[float | None, typer.Option(
+        "--pause-cap", min=0.0, help="Cap every pause at this many seconds (before "
+        "--time-scale); recorded traces hold pauses of many minutes.")] = None,
+    open_loop: Annotated[bool, typer.Option(
+        "--open-loop", help="Start every session at its recorded arrival time (Mooncake-"
+        "style traces), however many are in flight; --users is then ignored.")] = False,
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -118,13 +132,19 @@ def replay(
       agentload replay trace.jsonl --embedded --duration 60 -o runs/cpu
 
       agentload replay ../cc-traces/ --format weka --target http://gpu-node:8000 -o runs/weka
+
+      agentload replay tests/data/weka --embedded --scale-tokens 0.12 --pause-cap 10 -o runs/w
+
+      agentload replay mooncake.jsonl --target http://gpu-node:8000 --open-loop -o runs/mc
     """
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
-                         request_timeout),
+                         request_timeout, open_loop),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
+        fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
+                       pause_cap_s=pause_cap),
     )
     _print_result(result)
 

@@ -55,11 +55,15 @@ def _chunk_tokens(choice: dict[str, Any]) -> int:
 async def stream_completion(
     client: httpx.AsyncClient,
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | bytes,
     headers: dict[str, str] | None = None,
 ) -> StreamResult:
-    """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream."""
-    payload = orjson.dumps(body)
+    """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
+
+    ``body`` may be pre-encoded JSON, so a caller can build a large prompt before the
+    moment it is due instead of on the send path.
+    """
+    payload = body if isinstance(body, bytes) else orjson.dumps(body)
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)

@@ -23,12 +23,13 @@ from typing import Any, Literal
 
 import httpx
 import numpy as np
+import orjson
 
+from agentload.replay.cache_model import PrefixCacheModel
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
 from agentload.traces import Request, Session, Trace
-from agentload.traces.model import prefix_hit_tokens
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -43,13 +44,15 @@ class Target:
     device: str = "gpu"
     label: str = "target"
     token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE
+    kv_block_size: int | None = None
     api_key: str | None = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
         """The target as it may appear in run metadata (no secrets)."""
         return {"base_url": self.base_url, "model": self.model, "gpus": self.gpus,
                 "device": self.device, "label": self.label,
-                "token_id_range": list(self.token_id_range)}
+                "token_id_range": list(self.token_id_range),
+                "kv_block_size": self.kv_block_size}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class ReplayOptions:
     connect_timeout_s: float = 10.0
     max_connections: int | None = None
     output_mode: Literal["canned"] = "canned"
+    open_loop: bool = False
 
     def connection_limit(self) -> int:
         return self.max_connections or max(16, 4 * self.users)
@@ -119,7 +123,8 @@ class ReplayEngine:
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
         self._url = target.base_url.rstrip("/") + "/v1/completions"
         self._auth = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-        self._sent_blocks: set[int] = set()
+        # Theoretical hits are counted at the server's KV block size when it is known.
+        self.cache_model = PrefixCacheModel(target.kv_block_size or trace.block_size)
         self._t0_ns = 0
         self._deadline_ns: int | None = None
         self._sent = self._completed = self._failed = self._skipped = 0
@@ -141,7 +146,11 @@ class ReplayEngine:
             self._deadline_ns = int(self.options.duration_s * 1e9)
         self.journal.write_event("replay_start", 0, users=self.options.users)
         sessions = list(self.trace.sessions)
-        lanes = [sessions[i:: self.options.users] for i in range(self.options.users)]
+        if self.options.open_loop:
+            # Every session is its own user, started at its first request's arrival.
+            lanes = [[s] for s in sessions]
+        else:
+            lanes = [sessions[i:: self.options.users] for i in range(self.options.users)]
         try:
             await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
         finally:
@@ -167,18 +176,32 @@ class ReplayEngine:
         loop = asyncio.get_running_loop()
         done: dict[str, asyncio.Future[int]] = {r.id: loop.create_future()
                                                 for r in session.requests}
+        scale = self.options.time_scale
+        # Arrivals are not-before times: from the run's start in open loop, from the
+        # session's first arrival in closed loop (where the lane decides when it starts).
+        arrivals = [r.arrival_s for r in session.requests if r.arrival_s is not None]
+        origin_ns = 0 if self.options.open_loop else self.now_ns()
+        first_arrival = 0.0 if self.options.open_loop or not arrivals else min(arrivals)
 
         async def play(turn: int, req: Request) -> None:
             try:
-                ready = max([await done[d] for d in req.depends_on], default=self.now_ns())
-                intended = ready + int(req.pause_s * self.options.time_scale * 1e9)
+                ready_at: int | None = None
+                if req.depends_on:
+                    ready_at = max([await done[d] for d in req.depends_on])
+                ready = self.now_ns() if ready_at is None else ready_at
+                intended = ready + int(req.pause_s * scale * 1e9)
+                if req.arrival_s is not None:
+                    not_before = origin_ns + int((req.arrival_s - first_arrival) * scale * 1e9)
+                    intended = max(intended, not_before)
+                # Build the payload during the pause, so the send itself is on time.
+                payload = self._payload(req)
                 delay = (intended - self.now_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if self._dispatch_closed(intended):
                     self._skipped += 1
                     return
-                await self._send(lane, turn, req, intended)
+                await self._send(lane, turn, req, intended, ready_at, payload)
             finally:
                 if not done[req.id].done():
                     done[req.id].set_result(self.now_ns())
@@ -207,8 +230,8 @@ class ReplayEngine:
             return True
         return self.options.max_requests is not None and self._sent >= self.options.max_requests
 
-    async def _send(self, lane: int, turn: int, req: Request, intended_ns: int) -> None:
-        body = {
+    def _payload(self, req: Request) -> bytes:
+        return orjson.dumps({
             "model": self.target.model,
             "prompt": self.prompts.prompt(req.blocks),
             "max_tokens": req.output_tokens,
@@ -216,18 +239,20 @@ class ReplayEngine:
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
-        }
-        theoretical = prefix_hit_tokens(req.blocks, self._sent_blocks)
-        self._sent_blocks.update(b.id for b in req.blocks)
+        })
+
+    async def _send(self, lane: int, turn: int, req: Request, intended_ns: int,
+                    ready_ns: int | None, payload: bytes) -> None:
+        theoretical = self.cache_model.send(req.blocks)
         self._sent += 1
         self._in_flight += 1
         try:
             # The session header lets a recording proxy or a router group a user's turns.
             headers = {**self._auth, SESSION_HEADER: req.session_id}
-            res = await stream_completion(self.client, self._url, body, headers=headers)
+            res = await stream_completion(self.client, self._url, payload, headers=headers)
         finally:
             self._in_flight -= 1
-        rec = self._record(lane, turn, req, intended_ns, res, theoretical)
+        rec = self._record(lane, turn, req, intended_ns, ready_ns, res, theoretical)
         if rec.ok:
             self._completed += 1
             self._observe(rec)
@@ -236,7 +261,7 @@ class ReplayEngine:
         self.journal.write_request(rec)
 
     def _record(self, lane: int, turn: int, req: Request, intended_ns: int,
-                res: StreamResult, theoretical: int) -> RequestRecord:
+                ready_ns: int | None, res: StreamResult, theoretical: int) -> RequestRecord:
         t0 = self._t0_ns
 
         def rel(ns: int | None) -> int | None:
@@ -253,6 +278,7 @@ class ReplayEngine:
             osl_requested=req.output_tokens, isl=res.prompt_tokens, osl=osl, osl_source=source,
             cached_tokens=res.cached_tokens, theoretical_cached_tokens=theoretical,
             chunks=res.chunks, ok=res.ok, status=res.status, error=res.error,
+            ready_ns=ready_ns,
         )
 
     def _observe(self, rec: RequestRecord) -> None:

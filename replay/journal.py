@@ -48,6 +48,9 @@ class RequestRecord:
     ok: bool
     status: int | None
     error: str | None
+    # When the request's dependencies were done (None for a request without any): the
+    # measured pause is sent - ready, the intended one intended - ready.
+    ready_ns: int | None = None
 
 
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
@@ -58,7 +61,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "osl_requested": pl.Int64(), "isl": pl.Int64(), "osl": pl.Int64(),
     "osl_source": pl.String(), "cached_tokens": pl.Int64(),
     "theoretical_cached_tokens": pl.Int64(), "chunks": pl.Int64(), "ok": pl.Boolean(),
-    "status": pl.Int32(), "error": pl.String(),
+    "status": pl.Int32(), "error": pl.String(), "ready_ns": pl.Int64(),
 }
 assert set(REQUEST_SCHEMA) == {f.name for f in dataclasses.fields(RequestRecord)}
 

@@ -38,6 +38,10 @@ DEFINITIONS = {
                                          "sent earlier in the run) / sum(ISL_i)",
     "osl_exact_fraction": "share of successful requests whose server-reported OSL equals "
                           "the requested max_tokens",
+    "schedule_lag_p99_s": "P99(sent_i - intended_i): how late requests left against the "
+                          "schedule (dependencies done + pause, or arrival)",
+    "pause_error_p99_s": "P99((sent_i - ready_i) - (intended_i - ready_i)) over requests "
+                         "with dependencies: measured gap minus intended gap",
 }
 
 
@@ -93,11 +97,19 @@ def summarize(
     measured = with_request_metrics(frame.filter(pl.col("phase") == "measure"))
     ok = measured.filter(pl.col("ok"))
     failed = measured.height - ok.height
+    lag_s = (measured["sent_ns"] - measured["intended_ns"]) / 1e9
+    dependent = measured.filter(pl.col("ready_ns").is_not_null())
+    gap_error_s = ((dependent["sent_ns"] - dependent["ready_ns"])
+                   - (dependent["intended_ns"] - dependent["ready_ns"])) / 1e9
     out: dict[str, Any] = {
         "requests_completed": ok.height,
         "requests_failed": failed,
         "gpus": gpus,
         "server_prefix_cache_hit_rate": server_prefix_cache_hit_rate,
+        "schedule_lag_p50_s": _quantile(lag_s, 0.5),
+        "schedule_lag_p99_s": _quantile(lag_s, 0.99),
+        "pause_error_p50_s": _quantile(gap_error_s, 0.5),
+        "pause_error_p99_s": _quantile(gap_error_s, 0.99),
     }
     if ok.is_empty():
         return out | {k: None for k in (

@@ -7,6 +7,7 @@ engine or many), so a delta over the window is the server's own count for the ru
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import httpx
@@ -81,3 +82,24 @@ def counter_delta(before: MetricsScrape, after: MetricsScrape, name: str) -> flo
     if not (before.ok and after.ok) or name not in after.values:
         return None
     return after.values[name] - before.values.get(name, 0.0)
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+def info_labels(text: str, metric: str = CACHE_CONFIG_INFO) -> dict[str, str]:
+    """The labels of an ``*_info`` gauge (its first series), e.g. vLLM's cache config."""
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            body = line[len(metric) + 1: line.rindex("}")]
+            return dict(_LABEL.findall(body))
+    return {}
+
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def kv_block_size(text: str) -> int | None:
+    """The server's KV cache block size in tokens, from ``vllm:cache_config_info``."""
+    value = info_labels(text).get("block_size", "")
+    return int(value) if value.isdigit() else None

@@ -41,6 +41,7 @@ from agentload.replay.engine import (
     build_http_client,
 )
 from agentload.replay.errors import ReplayError
+from agentload.replay.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
 from agentload.replay.metrics import DEFINITIONS, summarize
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE
@@ -126,7 +127,18 @@ def probe_target(base_url: str, model: str | None, api_key: str | None,
         raise ReplayError(f"{base_url} does not serve model {model!r} (it serves: "
                           f"{', '.join(models)})")
     return model, {"models": models, "server_version": version,
-                   "max_model_len": max_len.get(model)}
+                   "max_model_len": max_len.get(model),
+                   "kv_block_size": _kv_block_size(base_url, headers, timeout_s)}
+
+
+def _kv_block_size(base_url: str, headers: dict[str, str], timeout_s: float) -> int | None:
+    """The server's KV block size from its metrics, so theoretical hits use its blocks."""
+    with (contextlib.suppress(httpx.HTTPError),
+          httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client):
+        resp = client.get(base_url + "/metrics")
+        if resp.status_code == 200:
+            return prometheus.kv_block_size(resp.text)
+    return None
 
 
 def _accepts_token_id(client: httpx.Client, base_url: str, model: str, token_id: int) -> bool:
@@ -266,14 +278,15 @@ def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | No
             low = 16  # past the tiny tokenizer's special tokens
             yield Target(spec.base_url, served, gpus=gpus or spec.gpus, device=spec.device,
                          label=spec.label,
-                         token_id_range=(low, spec.vocab_size or 32000)), facts, server
+                         token_id_range=(low, spec.vocab_size or 32000),
+                         kv_block_size=facts["kv_block_size"]), facts, server
         return
     assert target_url is not None
     base = check_target_url(target_url)
     served, facts = probe_target(base, model, api_key)
     token_range = detect_token_id_range(base, served, api_key)
     yield Target(base, served, gpus=gpus or 1, label=base, token_id_range=token_range,
-                 api_key=api_key), facts, None
+                 kv_block_size=facts["kv_block_size"], api_key=api_key), facts, None
 
 
 def run_replay(
@@ -292,6 +305,7 @@ def run_replay(
     startup_timeout_s: float = 600.0,
     say: Say = say_stderr,
     trace_format: str = AUTO,
+    fit: FitOptions | None = None,
 ) -> RunResult:
     """Replay ``trace`` against ``target_url`` (or a fresh embedded server) into ``run_dir``."""
     if embedded == (target_url is not None):
@@ -322,7 +336,9 @@ def run_replay(
     # nothing but its log behind and the same directory can be used again.
     with _target_for(spec, target_url, model, gpus, api_key, run_dir, say,
                      startup_timeout_s) as (target, facts, server):
-        run |= {"target": target.public(), "server": facts}
+        trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
+        check_fits(trace_obj, facts.get("max_model_len"))
+        run |= {"target": target.public(), "server": facts, "fit": fitted.as_dict()}
         _write_json(run_dir / "run.json", run)
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
