@@ -156,18 +156,99 @@ def summarize(
     return out
 
 
-def per_session(frame: pl.DataFrame) -> pl.DataFrame:
-    """One row per played session: requests, wall time including pauses, median ITL."""
+def _group_view(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     measured = with_request_metrics(frame.filter(pl.col("phase") == "measure"))
+    ok_itl = pl.col("itl_s").filter(pl.col("ok"))
     return (
-        measured.group_by("session_id", "lane")
+        measured.group_by(*keys)
         .agg(
             requests=pl.len(),
             failed=(~pl.col("ok")).sum(),
+            sessions=pl.col("session_id").n_unique(),
             wall_s=(pl.col("done_ns").max() - pl.col("sent_ns").min()) / 1e9,
-            ttft_p90_s=pl.col("ttft_s").quantile(0.9, interpolation="linear"),
-            itl_median_s=pl.col("itl_s").quantile(0.5, interpolation="linear"),
+            ttft_p90_s=pl.col("ttft_s").filter(pl.col("ok")).quantile(
+                0.9, interpolation="linear"),
+            itl_median_s=ok_itl.quantile(0.5, interpolation="linear"),
+            itl_p90_s=ok_itl.quantile(0.9, interpolation="linear"),
+            input_tokens=pl.col("isl").sum(),
             output_tokens=pl.col("osl").sum(),
         )
-        .sort("lane", "session_id")
+        .with_columns(
+            interactivity_median_tok_s=1.0 / pl.col("itl_median_s"),
+            p90_interactivity_tok_s=1.0 / pl.col("itl_p90_s"),
+        )
+        .sort(*keys)
     )
+
+
+def per_session(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per played session: requests, wall time including pauses, ITL, TTFT."""
+    return _group_view(frame, ["lane", "session_id"])
+
+
+def per_user(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per user lane: what that user saw over every session it played."""
+    return _group_view(frame, ["lane"])
+
+
+def bootstrap_ci(frame: pl.DataFrame, resamples: int = 1000, seed: int = 0,
+                 ) -> dict[str, list[float] | None]:
+    """95 % intervals of the headline percentiles, resampling whole sessions.
+
+    Requests of one session are not independent (one user, one growing context, one
+    closed loop), so the bootstrap draws sessions with replacement and pools their
+    requests, which keeps that dependence inside each resample.
+    """
+    ok = with_request_metrics(frame.filter((pl.col("phase") == "measure") & pl.col("ok")))
+    keys = ("p50_interactivity_tok_s", "p90_interactivity_tok_s", "ttft_p90_s",
+            "e2e_norm_p90_interactivity_tok_s")
+    groups = [g for _, g in ok.group_by("session_id", maintain_order=True)]
+    if len(groups) < 2:
+        return dict.fromkeys(keys)
+    itl = [g["itl_s"].drop_nulls().to_numpy() for g in groups]
+    ttft = [g["ttft_s"].drop_nulls().to_numpy() for g in groups]
+    e2e = [(g["e2el_s"] / g["osl"]).filter(g["osl"] > 0).to_numpy() for g in groups]
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {k: [] for k in keys}
+    for _ in range(resamples):
+        pick = rng.integers(0, len(groups), size=len(groups))
+        i, t, e = (np.concatenate([parts[j] for j in pick]) for parts in (itl, ttft, e2e))
+        if len(i) and len(t) and len(e):
+            p50, p90 = np.percentile(i, [50, 90])
+            draws["p50_interactivity_tok_s"].append(1 / p50 if p50 > 0 else np.nan)
+            draws["p90_interactivity_tok_s"].append(1 / p90 if p90 > 0 else np.nan)
+            draws["ttft_p90_s"].append(float(np.percentile(t, 90)))
+            e90 = float(np.percentile(e, 90))
+            draws["e2e_norm_p90_interactivity_tok_s"].append(1 / e90 if e90 > 0 else np.nan)
+    return {k: ([float(x) for x in np.nanpercentile(v, [2.5, 97.5])] if v else None)
+            for k, v in draws.items()}
+
+
+# AIPerf counts a request's OSL as a mismatch past min(5 % of the request, 50 tokens).
+MAX_ERROR_RATE = 0.10
+MIN_OSL_EXACT = 0.99
+MIN_COVERAGE = 0.5
+
+
+def validity(summary: dict[str, Any]) -> dict[str, Any]:
+    """A verdict like AIPerf's: "valid", or "invalid" with every reason that applies."""
+    reasons = []
+    done, failed = summary.get("requests_completed") or 0, summary.get("requests_failed") or 0
+    if done + failed == 0:
+        reasons.append("no request completed")
+    elif failed / (done + failed) > MAX_ERROR_RATE:
+        reasons.append(f"error rate {failed / (done + failed):.1%} > {MAX_ERROR_RATE:.0%}")
+    exact = summary.get("osl_exact_fraction")
+    if exact is not None and exact < MIN_OSL_EXACT:
+        reasons.append(f"only {exact:.1%} of requests got exactly the requested output "
+                       f"length (< {MIN_OSL_EXACT:.0%}): the server ignored max_tokens or "
+                       "ignore_eos")
+    sent, unsent = summary.get("requests_sent"), summary.get("requests_not_sent")
+    stop = summary.get("stop_reason") or ""
+    if sent is not None and unsent and not stop.endswith("reached"):
+        coverage = sent / (sent + unsent)
+        if coverage < MIN_COVERAGE:
+            reasons.append(f"only {coverage:.0%} of the trace was sent ({stop})")
+    if summary.get("interrupted"):
+        reasons.append("the run was interrupted")
+    return {"verdict": "invalid" if reasons else "valid", "reasons": reasons}

@@ -20,6 +20,7 @@ import contextlib
 import datetime as dt
 import json
 import secrets
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +44,14 @@ from agentload.replay.engine import (
 from agentload.replay.errors import ReplayError
 from agentload.replay.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
-from agentload.replay.metrics import DEFINITIONS, summarize
+from agentload.replay.metrics import (
+    DEFINITIONS,
+    bootstrap_ci,
+    per_session,
+    per_user,
+    summarize,
+    validity,
+)
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE
 from agentload.replay.report import HEADLINE, fmt, write_reports
 from agentload.replay.server import (
@@ -389,6 +397,17 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
     if outcome is not None:
         summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
                     "stop_reason": outcome["stop_reason"]}
+    summary["ci95"] = bootstrap_ci(frame)
+    summary["validity"] = validity(summary)
+    users = per_user(frame)
+    per_session(frame).write_parquet(run_dir / "per_session.parquet")
+    users.write_parquet(run_dir / "per_user.parquet")
+    user_p90 = [float(x) for x in users["p90_interactivity_tok_s"].drop_nulls()]
+    summary["per_user"] = {
+        "users": users.height,
+        "worst_user_p90_interactivity_tok_s": min(user_p90) if user_p90 else None,
+        "median_user_p90_interactivity_tok_s": statistics.median(user_p90) if user_p90 else None,
+    }
     _write_json(run_dir / "summary.json", summary)
     md = page = None
     if report:

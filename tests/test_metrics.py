@@ -94,3 +94,50 @@ def test_empty_run_summarizes_to_nones() -> None:
     s = summarize(pl.DataFrame(schema=REQUEST_SCHEMA), gpus=1)
     assert s["requests_completed"] == 0
     assert s["p90_interactivity_tok_s"] is None and s["osl_exact_fraction"] is None
+
+
+def test_schedule_lag_and_pause_error() -> None:
+    rows = [row(i, float(i), 0.1, 0.5, 10) for i in range(4)]
+    for i, r in enumerate(rows):
+        r["sent_ns"] = int(r["intended_ns"]) + i * 10_000_000  # 0, 10, 20, 30 ms late
+        r["ready_ns"] = None if i == 0 else int(r["intended_ns"]) - S  # paused 1 s after deps
+    summary = summarize(request_frame(rows), 1)
+    assert summary["schedule_lag_p99_s"] == pytest.approx(np.percentile([0, .01, .02, .03], 99))
+    assert summary["pause_error_p99_s"] == pytest.approx(np.percentile([.01, .02, .03], 99))
+    assert summary["pause_error_p50_s"] == pytest.approx(0.02)
+
+
+def test_per_user_and_per_session_views() -> None:
+    from agentload.replay.metrics import per_session, per_user
+
+    rows = [row(i, float(i), 0.1, 0.1 + 0.01 * (i + 1) * 9, 10) for i in range(6)]
+    users = per_user(request_frame(rows))
+    assert users["lane"].to_list() == [0, 1] and users["requests"].to_list() == [3, 3]
+    # lane 0 holds requests 0, 2, 4 with ITLs 0.01, 0.03, 0.05.
+    assert users["itl_median_s"][0] == pytest.approx(0.03)
+    assert users["p90_interactivity_tok_s"][0] == pytest.approx(1 / np.percentile(
+        [0.01, 0.03, 0.05], 90))
+    sessions = per_session(request_frame(rows))
+    assert sessions.height == 2 and set(sessions["session_id"]) == {"s0", "s1"}
+
+
+def test_bootstrap_interval_brackets_the_estimate_and_validity_names_reasons() -> None:
+    from agentload.replay.metrics import bootstrap_ci, validity
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(200):
+        r = row(i, float(i), 0.1, 0.1 + float(rng.uniform(0.002, 0.02)) * 99, 100)
+        r["session_id"] = f"s{i % 20}"
+        rows.append(r)
+    frame = request_frame(rows)
+    summary = summarize(frame, 1)
+    ci = bootstrap_ci(frame, resamples=300)
+    low, high = ci["p90_interactivity_tok_s"]  # type: ignore[misc]
+    assert low < summary["p90_interactivity_tok_s"] < high
+    assert high - low < 0.5 * summary["p90_interactivity_tok_s"]
+    assert validity(summary) == {"verdict": "valid", "reasons": []}
+    bad = validity(summary | {"requests_failed": 50, "osl_exact_fraction": 0.9,
+                              "requests_sent": 10, "requests_not_sent": 90,
+                              "stop_reason": "server died: oom"})
+    assert bad["verdict"] == "invalid" and len(bad["reasons"]) == 3
