@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -237,8 +237,3 @@ def record_command(
     for line in summary_lines(recorder):
         say_stderr(line)
 
-
-def summary_dict(recorder: Recorder) -> dict[str, Any]:
-    """The counts behind ``summary_lines``, for callers that want numbers."""
-    return {"requests": recorder.num_requests, "sessions": recorder.num_sessions,
-            **dict(recorder.counts)}

@@ -63,7 +63,7 @@ _HOP_BY_HOP = frozenset({
 })
 # Request fields that change how vLLM renders or tokenizes a prompt; /tokenize takes them.
 _TOKENIZE_CHAT_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
-                       "chat_template", "chat_template_kwargs", "tools", "documents")
+                       "chat_template", "chat_template_kwargs", "tools")
 _TOKENIZE_TEXT_KEYS = ("add_special_tokens",)
 
 Say = Callable[[str], None]
