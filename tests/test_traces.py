@@ -1,8 +1,7 @@
-"""The trace model, its native JSONL files, the synthesizer and the bundled demo trace."""
+"""The trace model and its native JSONL and Parquet files (the synthesizer: test_synth)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,11 @@ from agentload.traces import (
     RecordedTiming,
     Request,
     Session,
-    SynthConfig,
     Trace,
     TraceError,
-    demo_trace_path,
     read_trace,
-    synthesize,
     write_trace,
 )
-from agentload.traces.cli import trace_stats
 from agentload.traces.model import prefix_hit_tokens, theoretical_prefix_hits
 
 seconds_st = st.floats(0, 1e6, allow_nan=False)
@@ -70,31 +65,6 @@ def test_native_jsonl_round_trip_is_lossless(trace: Trace, tmp_path_factory) -> 
     path = tmp_path_factory.mktemp("rt") / "t.jsonl"
     write_trace(trace, path)
     assert read_trace(path) == trace
-
-
-def test_bundled_demo_trace_is_the_default_synthesis() -> None:
-    assert read_trace(demo_trace_path()) == synthesize(SynthConfig())
-
-
-def test_demo_trace_shape() -> None:
-    stats = trace_stats(demo_trace_path())
-    assert stats["sessions"] == 8
-    assert stats["requests"] == 49
-    assert stats["subagent_requests"] == 2
-    # Prompts grow by whole 64-token blocks and stay well inside the tiny model's context.
-    assert stats["max_input_tokens"] <= 8192
-    trace = read_trace(demo_trace_path())
-    for session in trace.sessions:
-        main = [r for r in session.requests if r.agent_kind == "main"]
-        for prev, cur in itertools.pairwise(main):
-            assert cur.blocks[: len(prev.blocks)] == prev.blocks  # exact reuse of the context
-            assert 1.0 <= cur.pause_s <= 4.0
-        assert all(b.tokens == 64 for r in session.requests for b in r.blocks)
-
-
-def test_synthesis_is_deterministic_and_seeded() -> None:
-    assert synthesize(SynthConfig(seed=3)) == synthesize(SynthConfig(seed=3))
-    assert synthesize(SynthConfig(seed=3)) != synthesize(SynthConfig(seed=4))
 
 
 def test_prefix_hits_count_only_a_leading_run_and_give_back_the_last_block() -> None:
