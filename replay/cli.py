@@ -44,13 +44,32 @@ Headless = Annotated[bool | None, typer.Option(
 
 
 def _options(users: int, duration: float | None, max_requests: int | None, time_scale: float,
-             cache_salt: int | None, request_timeout: float,
-             open_loop: bool = False) -> ReplayOptions:
+             cache_salt: int | None, request_timeout: float, open_loop: bool = False,
+             recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
+             warmup_turns: int = 1) -> ReplayOptions:
+    if recycle and open_loop:
+        raise ReplayError("--recycle and --open-loop do not mix (open loop plays every "
+                          "session once, at its arrival)")
+    if recycle and duration is None and max_requests is None:
+        raise ReplayError("--recycle plays sessions for ever; bound the run with --duration "
+                          "or --max-requests")
     return ReplayOptions(
         users=users, duration_s=duration, max_requests=max_requests, time_scale=time_scale,
         cache_salt=cache_salt if cache_salt is not None else new_cache_salt(),
-        request_timeout_s=request_timeout, open_loop=open_loop,
+        request_timeout_s=request_timeout, open_loop=open_loop, recycle=recycle, seed=seed,
+        start_range=_start_range(start_range), warmup_turns=warmup_turns,
     )
+
+
+def _start_range(text: str) -> tuple[float, float]:
+    try:
+        lo, _, hi = text.partition(":")
+        low, high = float(lo), float(hi or lo)
+    except ValueError:
+        raise ReplayError(f"--start-range must be LOW:HIGH fractions, got {text!r}") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise ReplayError(f"--start-range needs 0 <= LOW <= HIGH <= 1, got {text!r}")
+    return low, high
 
 
 def _progress_mode(headless: bool | None) -> ProgressMode:
@@ -119,6 +138,17 @@ def replay(
     open_loop: Annotated[bool, typer.Option(
         "--open-loop", help="Start every session at its recorded arrival time (Mooncake-"
         "style traces), however many are in flight; --users is then ignored.")] = False,
+    recycle: Annotated[bool, typer.Option(
+        "--recycle", help="Steady state: each lane plays sessions one after another until "
+        "--duration / --max-requests; its first play starts part-way in (--start-range) "
+        "after a warmup, and every play gets its own cache salt.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the start points.")] = 0,
+    start_range: Annotated[str, typer.Option(
+        "--start-range", help="With --recycle: where initial plays start, as fractions of "
+        "the session's main turns (0:0 = from the beginning).")] = "0.25:0.75",
+    warmup_turns: Annotated[int, typer.Option(
+        "--warmup-turns", min=0, help="With --recycle: main turns replayed as warmup "
+        "before a mid-session start (after one max_tokens=1 priming request).")] = 1,
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -140,7 +170,7 @@ def replay(
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
-                         request_timeout, open_loop),
+                         request_timeout, open_loop, recycle, seed, start_range, warmup_turns),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,

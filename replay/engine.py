@@ -17,7 +17,10 @@ theoretical prefix-cache hit rate the server's own counters are checked against.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +31,7 @@ import orjson
 from agentload.replay.cache_model import PrefixCacheModel
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
+from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
 from agentload.traces import Request, Session, Trace
 
@@ -69,6 +73,11 @@ class ReplayOptions:
     max_connections: int | None = None
     output_mode: Literal["canned"] = "canned"
     open_loop: bool = False
+    recycle: bool = False
+    seed: int = 0
+    start_range: tuple[float, float] = (0.25, 0.75)
+    warmup_turns: int = 1
+    salt_tokens: int = 16
 
     def connection_limit(self) -> int:
         return self.max_connections or max(16, 4 * self.users)
@@ -128,13 +137,17 @@ class ReplayEngine:
         self._t0_ns = 0
         self._deadline_ns: int | None = None
         self._sent = self._completed = self._failed = self._skipped = 0
+        self._warmup_sent = 0
+        self._rng = random.Random(options.seed)
         self._in_flight = 0
         self._lanes_active = 0
         self._finished = False
         self._stop_reason: str | None = None
         self._itl_s: list[float] = []
         self._ttft_s: list[float] = []
-        self.total_requests = min(trace.num_requests, options.max_requests or trace.num_requests)
+        # With recycling the run is bounded by time or a request count, not by the trace.
+        planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
+        self.total_requests = min(planned_total, options.max_requests or planned_total)
 
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""
@@ -144,13 +157,16 @@ class ReplayEngine:
         self._t0_ns = time.perf_counter_ns()
         if self.options.duration_s is not None:
             self._deadline_ns = int(self.options.duration_s * 1e9)
-        self.journal.write_event("replay_start", 0, users=self.options.users)
+        self.journal.write_event("replay_start", 0, users=self.options.users,
+                                 recycle=self.options.recycle)
         sessions = list(self.trace.sessions)
         if self.options.open_loop:
             # Every session is its own user, started at its first request's arrival.
-            lanes = [[s] for s in sessions]
+            lanes: list[Iterator[Session]] = [iter([s]) for s in sessions]
+        elif self.options.recycle:
+            lanes = [self._recycled(i, sessions) for i in range(self.options.users)]
         else:
-            lanes = [sessions[i:: self.options.users] for i in range(self.options.users)]
+            lanes = [iter(sessions[i:: self.options.users]) for i in range(self.options.users)]
         try:
             await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
         finally:
@@ -161,33 +177,58 @@ class ReplayEngine:
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
         return outcome
 
-    async def _lane(self, lane: int, sessions: list[Session]) -> None:
-        for session in sessions:
+    def _recycled(self, lane: int, sessions: list[Session]) -> Iterator[Session]:
+        """Lane ``lane``'s sessions for ever: lane, lane + N, ... wrapping round the trace."""
+        users = self.options.users
+        for k in itertools.count():
+            yield sessions[(lane + k * users) % len(sessions)]
+
+    def _plan(self, lane: int, index: int, session: Session) -> Play:
+        if not self.options.recycle:
+            return plan_play(session, lane, index)
+        start = 0
+        if index == 0:
+            lo, hi = self.options.start_range
+            start = int(self._rng.uniform(lo, hi) * main_turns(session))
+        marker = marker_block(lane, index, self.options.salt_tokens)
+        return plan_play(session, lane, index, start_turn=start,
+                         warmup_turns=self.options.warmup_turns, marker=marker)
+
+    async def _lane(self, lane: int, sessions: Iterator[Session]) -> None:
+        for index, session in enumerate(sessions):
             if self._dispatch_closed(self.now_ns()):
-                self._skipped += len(session.requests)
-                continue
+                if not self.options.recycle:
+                    self._skipped += len(session.requests)
+                    continue
+                return
+            play = self._plan(lane, index, session)
+            if index:
+                self.journal.write_event("recycle", self.now_ns(), lane=lane, play=index,
+                                         session=session.id)
             self._lanes_active += 1
             try:
-                await self._play_session(lane, session)
+                await self._play(play)
             finally:
                 self._lanes_active -= 1
 
-    async def _play_session(self, lane: int, session: Session) -> None:
+    async def _play(self, play: Play) -> None:
         loop = asyncio.get_running_loop()
-        done: dict[str, asyncio.Future[int]] = {r.id: loop.create_future()
-                                                for r in session.requests}
+        done: dict[str, asyncio.Future[int]] = {p.request.id: loop.create_future()
+                                                for p in play.requests}
         scale = self.options.time_scale
         # Arrivals are not-before times: from the run's start in open loop, from the
         # session's first arrival in closed loop (where the lane decides when it starts).
-        arrivals = [r.arrival_s for r in session.requests if r.arrival_s is not None]
+        arrivals = [p.request.arrival_s for p in play.requests
+                    if p.request.arrival_s is not None]
         origin_ns = 0 if self.options.open_loop else self.now_ns()
         first_arrival = 0.0 if self.options.open_loop or not arrivals else min(arrivals)
 
-        async def play(turn: int, req: Request) -> None:
+        async def step(turn: int, planned: PlannedRequest) -> None:
+            req = planned.request
             try:
                 ready_at: int | None = None
-                if req.depends_on:
-                    ready_at = max([await done[d] for d in req.depends_on])
+                if planned.depends_on:
+                    ready_at = max([await done[d] for d in planned.depends_on])
                 ready = self.now_ns() if ready_at is None else ready_at
                 intended = ready + int(req.pause_s * scale * 1e9)
                 if req.arrival_s is not None:
@@ -198,15 +239,17 @@ class ReplayEngine:
                 delay = (intended - self.now_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)
-                if self._dispatch_closed(intended):
+                if planned.phase == "measure" and self._dispatch_closed(intended):
                     self._skipped += 1
                     return
-                await self._send(lane, turn, req, intended, ready_at, payload)
+                if planned.phase == "warmup" and self._stop_reason is not None:
+                    return
+                await self._send(play, turn, planned, intended, ready_at, payload)
             finally:
                 if not done[req.id].done():
                     done[req.id].set_result(self.now_ns())
 
-        await asyncio.gather(*(play(t, r) for t, r in enumerate(session.requests)))
+        await asyncio.gather(*(step(t, p) for t, p in enumerate(play.requests)))
 
     def _why_stopped(self) -> str:
         if self._stop_reason is not None:
@@ -241,10 +284,14 @@ class ReplayEngine:
             "stream_options": {"include_usage": True},
         })
 
-    async def _send(self, lane: int, turn: int, req: Request, intended_ns: int,
+    async def _send(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
                     ready_ns: int | None, payload: bytes) -> None:
+        req = planned.request
         theoretical = self.cache_model.send(req.blocks)
-        self._sent += 1
+        if planned.phase == "measure":
+            self._sent += 1
+        else:
+            self._warmup_sent += 1
         self._in_flight += 1
         try:
             # The session header lets a recording proxy or a router group a user's turns.
@@ -252,16 +299,19 @@ class ReplayEngine:
             res = await stream_completion(self.client, self._url, payload, headers=headers)
         finally:
             self._in_flight -= 1
-        rec = self._record(lane, turn, req, intended_ns, ready_ns, res, theoretical)
-        if rec.ok:
+        rec = self._record(play, turn, planned, intended_ns, ready_ns, res, theoretical)
+        if planned.phase == "warmup":
+            pass
+        elif rec.ok:
             self._completed += 1
             self._observe(rec)
         else:
             self._failed += 1
         self.journal.write_request(rec)
 
-    def _record(self, lane: int, turn: int, req: Request, intended_ns: int,
+    def _record(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
                 ready_ns: int | None, res: StreamResult, theoretical: int) -> RequestRecord:
+        req = planned.request
         t0 = self._t0_ns
 
         def rel(ns: int | None) -> int | None:
@@ -271,14 +321,15 @@ class ReplayEngine:
         if osl is None and res.ok:
             osl, source = res.client_tokens, "client"
         return RequestRecord(
-            request_id=req.id, session_id=req.session_id, lane=lane, agent_kind=req.agent_kind,
-            turn=turn, phase="measure", intended_ns=intended_ns, sent_ns=res.sent_ns - t0,
+            request_id=req.id, session_id=req.session_id, lane=play.lane,
+            agent_kind=req.agent_kind, turn=turn, phase=planned.phase, intended_ns=intended_ns,
+            sent_ns=res.sent_ns - t0,
             first_token_ns=rel(res.first_token_ns), last_token_ns=rel(res.last_token_ns),
             done_ns=(res.done_ns or res.sent_ns) - t0, isl_requested=req.input_tokens,
             osl_requested=req.output_tokens, isl=res.prompt_tokens, osl=osl, osl_source=source,
             cached_tokens=res.cached_tokens, theoretical_cached_tokens=theoretical,
             chunks=res.chunks, ok=res.ok, status=res.status, error=res.error,
-            ready_ns=ready_ns,
+            ready_ns=ready_ns, play=play.index,
         )
 
     def _observe(self, rec: RequestRecord) -> None:

@@ -51,6 +51,8 @@ class RequestRecord:
     # When the request's dependencies were done (None for a request without any): the
     # measured pause is sent - ready, the intended one intended - ready.
     ready_ns: int | None = None
+    # Which of its lane's plays the request belongs to (recycled lanes replay sessions).
+    play: int = 0
 
 
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
@@ -62,6 +64,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "osl_source": pl.String(), "cached_tokens": pl.Int64(),
     "theoretical_cached_tokens": pl.Int64(), "chunks": pl.Int64(), "ok": pl.Boolean(),
     "status": pl.Int32(), "error": pl.String(), "ready_ns": pl.Int64(),
+    "play": pl.Int32(),
 }
 assert set(REQUEST_SCHEMA) == {f.name for f in dataclasses.fields(RequestRecord)}
 

@@ -183,7 +183,7 @@ def _group_view(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 def per_session(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per played session: requests, wall time including pauses, ITL, TTFT."""
-    return _group_view(frame, ["lane", "session_id"])
+    return _group_view(frame, ["lane", "play", "session_id"])
 
 
 def per_user(frame: pl.DataFrame) -> pl.DataFrame:

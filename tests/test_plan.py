@@ -1,0 +1,83 @@
+"""Plays: mid-session starts, warmup, per-play salt markers, and recycling lanes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import orjson
+
+from agentload.replay.engine import ReplayEngine, ReplayOptions, Target
+from agentload.replay.journal import Journal, read_journal
+from agentload.replay.plan import marker_block, plan_play
+from agentload.traces import SynthConfig, synthesize
+from tests.test_client import Slow
+
+
+def _session():  # type: ignore[no-untyped-def]
+    trace = synthesize(SynthConfig(sessions=3, seed=5, subagent_probability=1.0))
+    return next(s for s in trace.sessions if any(r.agent_kind == "subagent"
+                                                 for r in s.requests))
+
+
+def test_a_play_from_the_start_is_the_session() -> None:
+    session = _session()
+    play = plan_play(session, lane=0, index=0)
+    assert [p.request for p in play.requests] == list(session.requests)
+    assert all(p.phase == "measure" for p in play.requests)
+    assert [p.depends_on for p in play.requests] == [r.depends_on for r in session.requests]
+
+
+def test_mid_session_start_primes_then_warms_up_then_measures() -> None:
+    session = _session()
+    main = [r for r in session.requests if r.agent_kind == "main"]
+    marker = marker_block(2, 0, 16)
+    play = plan_play(session, lane=2, index=0, start_turn=3, warmup_turns=2, marker=marker)
+    prime, w1, w2, first = play.requests[:4]
+    assert prime.prime and prime.phase == "warmup" and prime.request.output_tokens == 1
+    assert prime.request.blocks[1:] == main[1].blocks  # the first warmup turn's prompt
+    assert [w1.request.id, w2.request.id] == [main[1].id, main[2].id]
+    assert w1.depends_on == (prime.request.id,) and w2.depends_on == (w1.request.id,)
+    assert first.request.id == main[3].id and first.phase == "measure"
+    assert main[2].id in first.depends_on
+    measured = [p.request.id for p in play.requests if p.phase == "measure"]
+    assert measured[0] == main[3].id and main[0].id not in measured
+    # Every prompt of the play starts with the play's marker, nothing else does.
+    assert all(p.request.blocks[0] == marker for p in play.requests)
+    assert marker.id < 0 and marker != marker_block(2, 1, 16)
+
+
+class _Server:
+    """Counts requests; answers each with one SSE token and usage."""
+
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        self.prompts.append(body["prompt"])
+        n = body["max_tokens"]
+        events = [b'data: {"choices":[{"text":"x"}]}\n\n'] * n
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+        events.append(b'data: {"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
+        return httpx.Response(200, stream=Slow([*events, b"data: [DONE]\n\n"], 0.0))
+
+
+def test_recycling_lanes_stop_at_max_requests_and_journal_warmup(tmp_path: Path) -> None:
+    trace = synthesize(SynthConfig(sessions=2, seed=1))
+    server = _Server()
+    options = ReplayOptions(users=3, recycle=True, max_requests=30, time_scale=0.0, seed=4)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    with Journal(tmp_path / "j.jsonl") as journal:
+        engine = ReplayEngine(trace, Target("http://x", "m"), options, journal, client)
+        outcome = asyncio.run(engine.run())
+    _, rows = read_journal(tmp_path / "j.jsonl")
+    measured = [r for r in rows if r["phase"] == "measure"]
+    assert outcome.sent == len(measured) == 30 and outcome.stop_reason == "max requests reached"
+    assert any(r["phase"] == "warmup" for r in rows)
+    plays = {(r["lane"], r["play"]) for r in rows}
+    assert max(p for _, p in plays) >= 1  # lanes recycled to fresh plays
+    # Two plays never share a prompt prefix: each starts with its own marker tokens.
+    firsts = {tuple(p[:16]) for p in server.prompts}
+    assert len(firsts) == len(plays)
