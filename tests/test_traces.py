@@ -124,3 +124,13 @@ def test_native_parquet_round_trip_is_lossless(trace: Trace, tmp_path_factory) -
     path = tmp_path_factory.mktemp("rt") / "t.parquet"
     save_trace(trace, path)
     assert load_native(path) == trace
+
+
+def test_trace_meta_survives_both_native_forms(tmp_path: Path) -> None:
+    from agentload.traces.files import load_native, save_trace
+
+    trace = Trace("m", (Session("s", (Request("s/0", "s", (Block(1, 4),), 2),)),),
+                  meta={"scale_context": "0.1", "max_context": "8192"})
+    for name in ("m.jsonl", "m.parquet"):
+        save_trace(trace, tmp_path / name)
+        assert load_native(tmp_path / name).meta == trace.meta

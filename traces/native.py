@@ -45,7 +45,12 @@ def read_trace(path: str | Path) -> Trace:
         sessions=tuple(sessions),
         block_size=int(header.get("block_size", 64)),
         source=str(header.get("source", "agentload")),
+        meta=_meta(header.get("meta")),
     )
+
+
+def _meta(raw: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
 def iter_sessions(path: str | Path) -> Iterator[Session]:
@@ -57,7 +62,7 @@ def iter_sessions(path: str | Path) -> Iterator[Session]:
 def write_trace(trace: Trace, path: str | Path) -> None:
     """Write ``trace`` as native JSONL (header line, then one session a line)."""
     write_sessions(trace.sessions, path, name=trace.name, block_size=trace.block_size,
-                   source=trace.source)
+                   source=trace.source, meta=trace.meta)
 
 
 def session_to_dict(session: Session) -> dict[str, Any]:
@@ -277,11 +282,14 @@ def _messages(raw: Any, bad: Callable[[str, str], None]) -> tuple[Message, ...] 
 
 
 def write_sessions(sessions: Iterable[Session], path: str | Path, name: str,
-                   block_size: int = 64, source: str = "agentload") -> None:
+                   block_size: int = 64, source: str = "agentload",
+                   meta: dict[str, str] | None = None) -> None:
     """Stream ``sessions`` to a native JSONL file without holding them all."""
     with open(path, "wb") as out:
-        header = {"agentload_trace": FORMAT_VERSION, "name": name,
-                  "block_size": block_size, "source": source}
+        header: dict[str, Any] = {"agentload_trace": FORMAT_VERSION, "name": name,
+                                  "block_size": block_size, "source": source}
+        if meta:
+            header["meta"] = meta
         out.write(orjson.dumps(header) + b"\n")
         for session in sessions:
             out.write(orjson.dumps(session_to_dict(session)) + b"\n")

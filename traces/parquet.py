@@ -64,6 +64,7 @@ def write_parquet_trace(trace: Trace, path: str | Path) -> None:
     frame.write_parquet(path, metadata={
         "agentload_trace": str(FORMAT_VERSION), "name": trace.name,
         "block_size": str(trace.block_size), "source": trace.source,
+        **{f"meta.{k}": v for k, v in trace.meta.items()},
     })
 
 
@@ -80,7 +81,8 @@ def read_parquet_trace(path: str | Path) -> Trace:
         built.append(session)
     return Trace(name=header.get("name") or path.stem, sessions=tuple(built),
                  block_size=int(header.get("block_size", 64)),
-                 source=header.get("source", "agentload"))
+                 source=header.get("source", "agentload"),
+                 meta={k[5:]: v for k, v in header.items() if k.startswith("meta.")})
 
 
 def parquet_session_problems(path: str | Path) -> tuple[dict[str, str],
