@@ -203,3 +203,29 @@ def test_foreign_trace_files_replay_directly(embedded_server: str, tmp_path: Pat
             assert (row["isl"], row["osl"]) == want[row["request_id"]]
         run = json.loads((out / "run.json").read_text())
         assert run["trace"]["format"] in ("dynamo", "openai-messages")
+
+
+def test_weka_fixture_replay_fidelity(embedded_server: str, tmp_path: Path) -> None:
+    """The real WEKA sessions, scaled to the tiny model: pauses, exact OSL, cache truth."""
+    from agentload.replay.fit import FitOptions
+
+    out = tmp_path / "weka"
+    result = run_replay(ROOT / "tests" / "data" / "weka", out, target_url=embedded_server,
+                        options=ReplayOptions(users=4, cache_salt=11),
+                        fit=FitOptions(scale_tokens=0.12, pause_cap_s=1.0),
+                        progress="none", report=False)
+    s = result.summary
+    assert s["requests_completed"] == 46 and s["requests_failed"] == 0
+    assert s["osl_exact_fraction"] == 1.0
+    # Theoretical hits are counted at the server's 64-token blocks over 8-token trace blocks.
+    assert abs(s["server_prefix_cache_hit_rate"] - s["theoretical_prefix_cache_hit_rate"]) < 0.02
+    assert s["theoretical_prefix_cache_hit_rate"] > 0.7
+    # A loose bound here (shared 2-core machines); bench replay prints the real figure.
+    assert s["pause_error_p99_s"] is not None and s["pause_error_p99_s"] < 0.25
+    assert s["validity"]["verdict"] == "valid"
+    assert s["ci95"]["p90_interactivity_tok_s"] is not None
+    assert (out / "per_user.parquet").is_file() and (out / "per_session.parquet").is_file()
+    run = json.loads((out / "run.json").read_text())
+    assert run["fit"]["scale_tokens"] == 0.12 and run["target"]["kv_block_size"] == 64
+    users = pl.read_parquet(out / "per_user.parquet")
+    assert users.height == 4 and int(users["requests"].sum()) == 46
