@@ -15,6 +15,7 @@ import click
 import typer
 
 from agentload import AgentloadError, __version__
+from agentload.replay.bench import replay_fidelity
 from agentload.replay.cli import app as replay_app
 from agentload.traces.bench import import_speed
 from agentload.traces.cli import app as traces_app
@@ -37,6 +38,7 @@ bench_app = typer.Typer(no_args_is_help=True,
 app.add_typer(bench_app, name="bench")
 bench_app.command("proxy")(bench_proxy_command)
 bench_app.command("import")(import_speed)
+bench_app.command("replay")(replay_fidelity)
 
 
 def _version(value: bool) -> None:

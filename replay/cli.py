@@ -45,6 +45,7 @@ Headless = Annotated[bool | None, typer.Option(
 
 def _options(users: int, duration: float | None, max_requests: int | None, time_scale: float,
              cache_salt: int | None, request_timeout: float, open_loop: bool = False,
+             stall_timeout: float = 120.0,
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
              warmup_turns: int = 1) -> ReplayOptions:
     if recycle and open_loop:
@@ -56,7 +57,8 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
     return ReplayOptions(
         users=users, duration_s=duration, max_requests=max_requests, time_scale=time_scale,
         cache_salt=cache_salt if cache_salt is not None else new_cache_salt(),
-        request_timeout_s=request_timeout, open_loop=open_loop, recycle=recycle, seed=seed,
+        request_timeout_s=request_timeout, stall_timeout_s=stall_timeout,
+        open_loop=open_loop, recycle=recycle, seed=seed,
         start_range=_start_range(start_range), warmup_turns=warmup_turns,
     )
 
@@ -146,6 +148,9 @@ def replay(
     start_range: Annotated[str, typer.Option(
         "--start-range", help="With --recycle: where initial plays start, as fractions of "
         "the session's main turns (0:0 = from the beginning).")] = "0.25:0.75",
+    stall_timeout: Annotated[float, typer.Option(
+        "--stall-timeout", min=0.1, help="Seconds a stream may go without a byte before the "
+        "request counts as stalled.")] = 120.0,
     warmup_turns: Annotated[int, typer.Option(
         "--warmup-turns", min=0, help="With --recycle: main turns replayed as warmup "
         "before a mid-session start (after one max_tokens=1 priming request).")] = 1,
@@ -170,7 +175,8 @@ def replay(
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
-                         request_timeout, open_loop, recycle, seed, start_range, warmup_turns),
+                         request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
+                         warmup_turns),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,

@@ -10,12 +10,20 @@ request must not end a run.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
+
+# How a request failed; the summary counts each kind.
+ErrorKind = Literal["refused", "connect_timeout", "http_4xx", "http_5xx", "stall", "timeout",
+                    "cut", "malformed", "server_error", "no_tokens", "transport"]
+ERROR_KINDS: tuple[ErrorKind, ...] = ("refused", "connect_timeout", "http_4xx", "http_5xx",
+                                      "stall", "timeout", "cut", "malformed", "server_error",
+                                      "no_tokens", "transport")
 
 
 @dataclass(slots=True)
@@ -33,6 +41,10 @@ class StreamResult:
     cached_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
+
+    def fail(self, kind: ErrorKind, message: str) -> None:
+        self.error_kind, self.error = kind, message
 
     @property
     def ok(self) -> bool:
@@ -57,11 +69,13 @@ async def stream_completion(
     url: str,
     body: dict[str, Any] | bytes,
     headers: dict[str, str] | None = None,
+    total_timeout_s: float | None = None,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
 
     ``body`` may be pre-encoded JSON, so a caller can build a large prompt before the
-    moment it is due instead of on the send path.
+    moment it is due instead of on the send path. The client's read timeout bounds the
+    gap between chunks (a stall); ``total_timeout_s`` bounds the whole request.
     """
     payload = body if isinstance(body, bytes) else orjson.dumps(body)
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -69,34 +83,70 @@ async def stream_completion(
         hdrs.update(headers)
     result = StreamResult(sent_ns=time.perf_counter_ns())
     try:
-        async with client.stream("POST", url, content=payload, headers=hdrs) as resp:
-            result.status = resp.status_code
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {_short(text)}"
-                return result
-            buffer = b""
-            async for raw in resp.aiter_raw():
-                now = time.perf_counter_ns()
-                buffer += raw
-                if b"\n\n" not in buffer:
-                    continue
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    _handle_event(event, now, result)
-                if result.error is not None:
-                    return result
-            if buffer.strip():
-                _handle_event(buffer, time.perf_counter_ns(), result)
+        async with asyncio.timeout(total_timeout_s):
+            await _follow(client, url, payload, hdrs, result)
+    except TimeoutError:
+        result.fail("timeout", f"timeout (no end within {total_timeout_s:g} s)")
+    except httpx.ConnectTimeout as exc:
+        if _refused(exc):
+            result.fail("refused", f"connection refused ({_short(str(exc))})")
+        else:
+            result.fail("connect_timeout", "timeout (ConnectTimeout)")
     except httpx.TimeoutException as exc:
-        result.error = f"timeout ({type(exc).__name__})"
+        result.fail("stall", f"stalled ({type(exc).__name__}: no bytes within the read "
+                             "timeout)")
+    except httpx.ConnectError as exc:
+        result.fail("refused", f"connection failed ({_short(str(exc)) or 'refused'})")
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        result.fail("cut", f"stream cut ({type(exc).__name__}: "
+                           f"{_short(str(exc)) or 'connection closed'})")
     except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {_short(str(exc)) or 'connection failed'}"
+        result.fail("transport", f"{type(exc).__name__}: {_short(str(exc)) or 'failed'}")
     finally:
         result.done_ns = time.perf_counter_ns()
     if result.error is None and result.first_token_ns is None:
-        result.error = "stream ended without a token"
+        result.fail("no_tokens", "stream ended without a token")
     return result
+
+
+async def _follow(client: httpx.AsyncClient, url: str, payload: bytes, hdrs: dict[str, str],
+                  result: StreamResult) -> None:
+    async with client.stream("POST", url, content=payload, headers=hdrs) as resp:
+        result.status = resp.status_code
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            result.fail("http_5xx" if resp.status_code >= 500 else "http_4xx",
+                        f"HTTP {resp.status_code}: {_short(text)}")
+            return
+        buffer = b""
+        async for raw in resp.aiter_raw():
+            now = time.perf_counter_ns()
+            buffer += raw
+            if b"\n\n" not in buffer:
+                continue
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                _handle_event(event, now, result)
+            if result.error is not None:
+                return
+        if buffer.strip():
+            _handle_event(buffer, time.perf_counter_ns(), result)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a "connect timeout" was really a refusal.
+
+    httpx-aiohttp maps aiohttp's ClientConnectorError (refused, unreachable) to
+    ConnectTimeout; the OSError underneath says what actually happened.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        os_error = getattr(cause, "os_error", None)
+        if isinstance(cause, ConnectionRefusedError) or isinstance(os_error,
+                                                                  ConnectionRefusedError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
@@ -110,12 +160,13 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            result.error = f"malformed SSE data: {_short(data.decode(errors='replace'))}"
+            result.fail("malformed",
+                        f"malformed SSE data: {_short(data.decode(errors='replace'))}")
             return
         if "error" in obj:
             err = obj["error"]
             msg = err.get("message") if isinstance(err, dict) else err
-            result.error = f"server error mid-stream: {_short(str(msg))}"
+            result.fail("server_error", f"server error mid-stream: {_short(str(msg))}")
             return
         tokens = sum(_chunk_tokens(c) for c in obj.get("choices") or ())
         if tokens:

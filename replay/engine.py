@@ -69,6 +69,7 @@ class ReplayOptions:
     time_scale: float = 1.0
     cache_salt: int = 0
     request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
     max_connections: int | None = None
     output_mode: Literal["canned"] = "canned"
@@ -138,6 +139,7 @@ class ReplayEngine:
         self._deadline_ns: int | None = None
         self._sent = self._completed = self._failed = self._skipped = 0
         self._warmup_sent = 0
+        self._refusals: dict[int, int] = {}
         self._rng = random.Random(options.seed)
         self._in_flight = 0
         self._lanes_active = 0
@@ -296,9 +298,20 @@ class ReplayEngine:
         try:
             # The session header lets a recording proxy or a router group a user's turns.
             headers = {**self._auth, SESSION_HEADER: req.session_id}
-            res = await stream_completion(self.client, self._url, payload, headers=headers)
+            res = await stream_completion(self.client, self._url, payload, headers=headers,
+                                          total_timeout_s=self.options.request_timeout_s)
         finally:
             self._in_flight -= 1
+        if res.error_kind in ("refused", "connect_timeout"):
+            # The server is not taking connections: this lane backs off (1, 2, 4 ... 8 s)
+            # before its dependants go, instead of hammering a restarting server.
+            backoff = min(8.0, 2.0 ** self._refusals.get(play.lane, 0))
+            self._refusals[play.lane] = self._refusals.get(play.lane, 0) + 1
+            self.journal.write_event("backoff", self.now_ns(), lane=play.lane, s=backoff,
+                                     reason=res.error)
+            await asyncio.sleep(backoff)
+        else:
+            self._refusals.pop(play.lane, None)
         rec = self._record(play, turn, planned, intended_ns, ready_ns, res, theoretical)
         if planned.phase == "warmup":
             pass
@@ -329,6 +342,7 @@ class ReplayEngine:
             osl_requested=req.output_tokens, isl=res.prompt_tokens, osl=osl, osl_source=source,
             cached_tokens=res.cached_tokens, theoretical_cached_tokens=theoretical,
             chunks=res.chunks, ok=res.ok, status=res.status, error=res.error,
+            error_kind=res.error_kind,
             ready_ns=ready_ns, play=play.index,
         )
 
@@ -369,6 +383,7 @@ def build_http_client(options: ReplayOptions) -> httpx.AsyncClient:
 
     limits = httpx.Limits(max_connections=options.connection_limit(),
                           max_keepalive_connections=options.connection_limit())
-    timeout = httpx.Timeout(options.request_timeout_s, connect=options.connect_timeout_s)
+    # The read timeout bounds the gap between chunks (a stall); the engine bounds the total.
+    timeout = httpx.Timeout(options.stall_timeout_s, connect=options.connect_timeout_s)
     return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits,
                              timeout=timeout, trust_env=False)

@@ -53,6 +53,7 @@ class RequestRecord:
     ready_ns: int | None = None
     # Which of its lane's plays the request belongs to (recycled lanes replay sessions).
     play: int = 0
+    error_kind: str | None = None
 
 
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
@@ -64,7 +65,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "osl_source": pl.String(), "cached_tokens": pl.Int64(),
     "theoretical_cached_tokens": pl.Int64(), "chunks": pl.Int64(), "ok": pl.Boolean(),
     "status": pl.Int32(), "error": pl.String(), "ready_ns": pl.Int64(),
-    "play": pl.Int32(),
+    "play": pl.Int32(), "error_kind": pl.String(),
 }
 assert set(REQUEST_SCHEMA) == {f.name for f in dataclasses.fields(RequestRecord)}
 

@@ -42,6 +42,10 @@ DEFINITIONS = {
                           "schedule (dependencies done + pause, or arrival)",
     "pause_error_p99_s": "P99((sent_i - ready_i) - (intended_i - ready_i)) over requests "
                          "with dependencies: measured gap minus intended gap",
+    "errors_by_kind": "failed requests by cause: refused, connect_timeout, http_4xx, "
+                      "http_5xx, stall (no bytes within the stall timeout), timeout (over "
+                      "the request timeout), cut (stream closed mid-way), malformed (bad "
+                      "SSE), server_error (error event), no_tokens, transport",
 }
 
 
@@ -110,6 +114,9 @@ def summarize(
         "schedule_lag_p99_s": _quantile(lag_s, 0.99),
         "pause_error_p50_s": _quantile(gap_error_s, 0.5),
         "pause_error_p99_s": _quantile(gap_error_s, 0.99),
+        "errors_by_kind": {str(k): int(n) for k, n in measured.filter(~pl.col("ok"))
+                           .group_by("error_kind").len().sort("error_kind")
+                           .iter_rows()},
     }
     if ok.is_empty():
         return out | {k: None for k in (

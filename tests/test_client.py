@@ -88,4 +88,5 @@ async def test_stream_without_tokens_is_a_failure() -> None:
 async def test_connection_refused_is_reported() -> None:
     async with httpx.AsyncClient() as client:
         res = await stream_completion(client, "http://127.0.0.1:9/v1/completions", {})
-    assert not res.ok and "ConnectError" in (res.error or "")
+    assert not res.ok and res.error_kind == "refused"
+    assert "connection failed" in (res.error or "")
