@@ -3,8 +3,9 @@
 It replays the real WEKA sessions (scaled to fit the target) at several user counts
 against one server, side by side in one run, and prints for each: the pause error
 (measured gap minus intended gap), the schedule lag, the share of requests with exact
-OSL, and the server's prefix-cache hit rate next to the theoretical one. With
-``--embedded`` it starts the tiny-model CPU server once for all rows.
+OSL, and the server's prefix-cache hit rate next to the theoretical one. Rows with more
+users than the trace has sessions recycle (``--recycle``). Without ``--target`` it
+starts the tiny-model CPU server once for all rows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agentload.replay.engine import ReplayOptions
 from agentload.replay.fit import FitOptions
 from agentload.replay.run import new_cache_salt, run_replay
 from agentload.replay.server import embedded_server_spec, serving
+from agentload.traces.formats import load_any
 
 DEFAULT_TRACE = Path("tests/data/weka")
 
@@ -51,6 +53,8 @@ def replay_fidelity(
     scale_tokens: Annotated[float, typer.Option("--scale-tokens")] = 0.12,
     pause_cap: Annotated[float, typer.Option("--pause-cap", help="Seconds.")] = 2.0,
     time_scale: Annotated[float, typer.Option("--time-scale")] = 1.0,
+    max_requests: Annotated[int, typer.Option(
+        "--max-requests", help="Measured requests of a recycled row.")] = 64,
 ) -> None:
     """Pause error, schedule lag, exact OSL and server vs theoretical prefix hits, per user
     count, in one run against one server."""
@@ -63,13 +67,17 @@ def replay_fidelity(
             typer.echo(f"{trace} scaled x{scale_tokens}, pauses capped at {pause_cap} s, "
                        f"time scale {time_scale}; gap = measured - intended pause (ms)")
             typer.echo(header)
+            sessions = len(load_any(trace).trace.sessions)
             for n in counts:
+                # More users than sessions: recycle (mid-session starts, warmup, salts).
+                recycle = n > sessions
                 result = run_replay(
                     trace, Path(tmp) / f"u{n}", target_url=url,
                     options=ReplayOptions(users=n, time_scale=time_scale,
-                                          cache_salt=new_cache_salt()),
+                                          cache_salt=new_cache_salt(), recycle=recycle,
+                                          max_requests=max_requests if recycle else None),
                     fit=fit, progress="none", report=False, say=lambda _: None)
-                typer.echo(_row(n, result.summary))
+                typer.echo(_row(n, result.summary) + ("  (recycled)" if recycle else ""))
 
         if target is not None:
             run_all(target)
