@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -636,11 +637,17 @@ async def test_command_records_until_a_signal(upstream: FakeUpstream,
     proc, url = await asyncio.to_thread(start_recorder, upstream.url + "/v1", out)
     for prompt in ([1, 2, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9]):
         await post(client, url + "/v1/completions", completion(prompt, usage=True))
-    # The file follows each request, before the recorder is stopped.
+    # The file follows each request, before the recorder is stopped. It is read from a
+    # copy: polars opens a Parquet path more than once, so reading it in place while it
+    # is being replaced can mix two versions; a single open always sees a whole one.
+    snapshot = tmp_path / "snapshot.parquet"
     for _ in range(100):
-        if out.exists() and load_native(out).num_requests == 2:
+        shutil.copyfile(out, snapshot)
+        if load_native(snapshot).num_requests == 2:
             break
         await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the file never held both requests")
     proc.send_signal(sig)
     _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 0, stderr
