@@ -34,14 +34,18 @@ def _row(users: int, s: dict[str, Any]) -> str:
         v = s.get(key)
         return f"{v:8.1%}" if v is not None else f"{'n/a':>8}"
 
-    server = s.get("server_prefix_cache_hit_rate")
-    theory = s.get("theoretical_prefix_cache_hit_rate")
-    gap = (f"{(server - theory) * 100:+7.2f}" if server is not None and theory is not None
-           else f"{'n/a':>7}")
+    def diff(a: str, b: str) -> str:
+        x, y = s.get(a), s.get(b)
+        return f"{(x - y) * 100:+7.2f}" if x is not None and y is not None else f"{'n/a':>7}"
+
+    gap = diff("server_prefix_cache_hit_rate", "theoretical_prefix_cache_hit_rate_all")
+    per_request = diff("usage_cached_tokens_rate", "theoretical_prefix_cache_hit_rate")
     return (f"{users:>5}{s['requests_completed']:>6}{s['requests_failed']:>5}"
             f"{ms('pause_error_p50_s')}{ms('pause_error_p99_s')}{ms('schedule_lag_p99_s')}"
             f"{pct('osl_exact_fraction')}{pct('server_prefix_cache_hit_rate')}"
-            f"{pct('theoretical_prefix_cache_hit_rate')}{gap}")
+            f"{pct('theoretical_prefix_cache_hit_rate_all')}{gap}"
+            f"{pct('usage_cached_tokens_rate')}{pct('theoretical_prefix_cache_hit_rate')}"
+            f"{per_request}")
 
 
 def replay_fidelity(
@@ -61,11 +65,13 @@ def replay_fidelity(
     counts = [int(u) for u in users.split(",") if u.strip()]
     fit = FitOptions(scale_tokens=scale_tokens, pause_cap_s=pause_cap)
     header = (f"{'users':>5}{'done':>6}{'fail':>5}{'gap p50':>9}{'gap p99':>9}{'lag p99':>9}"
-              f"{'OSL ok':>8}{'hit srv':>8}{'hit th':>8}{'diff pt':>7}")
+              f"{'OSL ok':>8}{'srv':>8}{'theo':>8}{'pt':>7}{'usage':>8}{'theo':>8}{'pt':>7}")
     with tempfile.TemporaryDirectory(prefix="agentload-bench-") as tmp:
         def run_all(url: str) -> None:
             typer.echo(f"{trace} scaled x{scale_tokens}, pauses capped at {pause_cap} s, "
-                       f"time scale {time_scale}; gap = measured - intended pause (ms)")
+                       f"time scale {time_scale}; gap = measured - intended pause (ms);\n"
+                       "prefix hits: server counter vs theoretical over all requests "
+                       "(warmup too), per-request usage vs theoretical over measured ones")
             typer.echo(header)
             sessions = len(load_any(trace).trace.sessions)
             for n in counts:

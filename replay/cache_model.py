@@ -9,7 +9,8 @@ up to its end: the chain of whole trace blocks before it, the trace block it end
 and how far into that block it ends. Equal identity means equal tokens.
 
 vLLM always computes at least the prompt's last token, so at most
-``(ISL - 1) // block_size`` blocks can hit.
+``(ISL - 1) // block_size`` blocks can hit. A prompt's blocks count as cached from its
+first token on: one sent while an identical prefix is still being prefilled misses.
 """
 
 from __future__ import annotations
@@ -44,8 +45,14 @@ class PrefixCacheModel:
         self.block_size = block_size
         self._seen: set[int] = set()
 
-    def send(self, blocks: Sequence[Block]) -> int:
-        """Cached tokens for a prompt of ``blocks`` sent now; the prompt is then cached."""
+    def send(self, blocks: Sequence[Block], *, cache_now: bool = True) -> tuple[int, list[int]]:
+        """Cached tokens for a prompt of ``blocks`` sent now, and the prompt's block keys.
+
+        With ``cache_now`` the prompt counts as cached at once; otherwise the caller
+        calls ``cache(keys)`` when the server has computed it (its first token): a
+        prompt that arrives while an identical prefix is still being prefilled cannot
+        hit it on a real server either.
+        """
         keys = server_block_keys(blocks, self.block_size)
         tokens = sum(b.tokens for b in blocks)
         limit = max(0, (tokens - 1) // self.block_size)
@@ -54,5 +61,13 @@ class PrefixCacheModel:
             if key not in self._seen:
                 break
             hits += 1
+        if cache_now:
+            self.cache(keys)
+        return hits * self.block_size, keys
+
+    def cache(self, keys: Sequence[int]) -> None:
         self._seen.update(keys)
-        return hits * self.block_size
+
+    def send_hits(self, blocks: Sequence[Block]) -> int:
+        """``send`` for a prompt cached at once; just the hit tokens."""
+        return self.send(blocks)[0]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -42,6 +43,7 @@ class StreamResult:
     status: int | None = None
     error: str | None = None
     error_kind: ErrorKind | None = None
+    on_first_token: Callable[[], None] | None = field(default=None, repr=False)
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         self.error_kind, self.error = kind, message
@@ -70,18 +72,20 @@ async def stream_completion(
     body: dict[str, Any] | bytes,
     headers: dict[str, str] | None = None,
     total_timeout_s: float | None = None,
+    on_first_token: Callable[[], None] | None = None,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
 
     ``body`` may be pre-encoded JSON, so a caller can build a large prompt before the
     moment it is due instead of on the send path. The client's read timeout bounds the
     gap between chunks (a stall); ``total_timeout_s`` bounds the whole request.
+    ``on_first_token`` runs once, when the first token arrives (the prompt is computed).
     """
     payload = body if isinstance(body, bytes) else orjson.dumps(body)
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)
-    result = StreamResult(sent_ns=time.perf_counter_ns())
+    result = StreamResult(sent_ns=time.perf_counter_ns(), on_first_token=on_first_token)
     try:
         async with asyncio.timeout(total_timeout_s):
             await _follow(client, url, payload, hdrs, result)
@@ -172,6 +176,8 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
         if tokens:
             if result.first_token_ns is None:
                 result.first_token_ns = now
+                if result.on_first_token is not None:
+                    result.on_first_token()
             result.last_token_ns = now
             result.chunks += 1
             result.client_tokens += tokens

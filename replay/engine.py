@@ -289,7 +289,8 @@ class ReplayEngine:
     async def _send(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
                     ready_ns: int | None, payload: bytes) -> None:
         req = planned.request
-        theoretical = self.cache_model.send(req.blocks)
+        # The prompt joins the model cache when its first token comes back (prefill done).
+        theoretical, keys = self.cache_model.send(req.blocks, cache_now=False)
         if planned.phase == "measure":
             self._sent += 1
         else:
@@ -298,8 +299,10 @@ class ReplayEngine:
         try:
             # The session header lets a recording proxy or a router group a user's turns.
             headers = {**self._auth, SESSION_HEADER: req.session_id}
-            res = await stream_completion(self.client, self._url, payload, headers=headers,
-                                          total_timeout_s=self.options.request_timeout_s)
+            res = await stream_completion(
+                self.client, self._url, payload, headers=headers,
+                total_timeout_s=self.options.request_timeout_s,
+                on_first_token=lambda: self.cache_model.cache(keys))
         finally:
             self._in_flight -= 1
         if res.error_kind in ("refused", "connect_timeout"):

@@ -36,6 +36,11 @@ DEFINITIONS = {
     "theoretical_prefix_cache_hit_rate": "sum of prompt tokens an infinite prefix cache "
                                          "would hold at send time (leading blocks already "
                                          "sent earlier in the run) / sum(ISL_i)",
+    "theoretical_prefix_cache_hit_rate_all": "the same over every successful request the "
+                                             "server saw, warmup included (compare with "
+                                             "server_prefix_cache_hit_rate)",
+    "usage_cached_tokens_rate": "sum of usage.prompt_tokens_details.cached_tokens / sum(ISL_i)"
+                                " over measured requests (compare with theoretical)",
     "osl_exact_fraction": "share of successful requests whose server-reported OSL equals "
                           "the requested max_tokens",
     "schedule_lag_p99_s": "P99(sent_i - intended_i): how late requests left against the "
@@ -153,6 +158,9 @@ def summarize(
         "usage_cached_tokens_rate": (int(ok["cached_tokens"].sum()) / isl_sum
                                      if isl_sum and ok["cached_tokens"].null_count() < ok.height
                                      else None),
+        # Everything the server saw in the window, warmup included: the like-for-like
+        # reference for its own counter (server_prefix_cache_hit_rate).
+        "theoretical_prefix_cache_hit_rate_all": _all_phases_theoretical(frame),
         "osl_exact_fraction": float((ok["osl"] == ok["osl_requested"]).sum()) / ok.height,
         "osl_from_client_count": int((ok["osl_source"] == "client").sum()),
         "input_tokens": isl_sum,
@@ -161,6 +169,12 @@ def summarize(
         "decoding_time_s": decode_s,
     }
     return out
+
+
+def _all_phases_theoretical(frame: pl.DataFrame) -> float | None:
+    sent = frame.filter(pl.col("ok"))
+    isl = int(sent["isl"].fill_null(sent["isl_requested"]).sum())
+    return int(sent["theoretical_cached_tokens"].sum()) / isl if isl else None
 
 
 def _group_view(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:

@@ -60,14 +60,14 @@ def test_max_context_cuts_the_tail_and_reuses_cut_ids() -> None:
 def test_cache_model_counts_server_blocks_whatever_the_trace_block_size() -> None:
     model = PrefixCacheModel(64)
     small = [Block(i, 8) for i in range(20)]  # 160 tokens in 8-token trace blocks
-    assert model.send(small) == 0
-    assert model.send([*small, Block(99, 8)]) == 128  # two full server blocks match
-    assert model.send(small[:9]) == 64  # 72 tokens: one full block, and it matches
-    assert model.send(small[:8]) == 0  # exactly one block: vLLM recomputes the last one
+    assert model.send_hits(small) == 0
+    assert model.send_hits([*small, Block(99, 8)]) == 128  # two full server blocks match
+    assert model.send_hits(small[:9]) == 64  # 72 tokens: one full block, and it matches
+    assert model.send_hits(small[:8]) == 0  # exactly one block: vLLM recomputes the last one
     big = PrefixCacheModel(16)
-    assert big.send([Block(1, 512)]) == 0
-    assert big.send([Block(1, 512), Block(2, 100)]) == 512
-    assert big.send([Block(1, 512)]) == 496  # fully cached: the last block is recomputed
+    assert big.send_hits([Block(1, 512)]) == 0
+    assert big.send_hits([Block(1, 512), Block(2, 100)]) == 512
+    assert big.send_hits([Block(1, 512)]) == 496  # fully cached: the last block is recomputed
     other = PrefixCacheModel(64)
-    other.send([Block(1, 64), Block(2, 64)])
-    assert other.send([Block(3, 64), Block(2, 64), Block(4, 64)]) == 0  # prefix, not set
+    other.send_hits([Block(1, 64), Block(2, 64)])
+    assert other.send_hits([Block(3, 64), Block(2, 64), Block(4, 64)]) == 0  # prefix, not set
