@@ -113,7 +113,8 @@ class Call:
     """One finished, successful model call as the proxy saw it (times: perf_counter_ns).
 
     ``tokens`` are the prompt's token ids (pseudo-tokens when ``isl_source`` is
-    ``estimate``); ``session_key`` is the session header's value, if the call had one.
+    ``estimate`` or ``usage``); ``session_key`` is the session header's value, if the
+    call had one.
     """
 
     tokens: tuple[int, ...]
