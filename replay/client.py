@@ -44,6 +44,9 @@ class StreamResult:
     error: str | None = None
     error_kind: ErrorKind | None = None
     on_first_token: Callable[[], None] | None = field(default=None, repr=False)
+    # Arrival stamp and token count of every token chunk, for chunks.parquet.
+    chunk_ns: list[int] = field(default_factory=list, repr=False)
+    chunk_tokens: list[int] = field(default_factory=list, repr=False)
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         self.error_kind, self.error = kind, message
@@ -181,6 +184,8 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
             result.last_token_ns = now
             result.chunks += 1
             result.client_tokens += tokens
+            result.chunk_ns.append(now)
+            result.chunk_tokens.append(tokens)
         usage = obj.get("usage")
         if usage:
             result.prompt_tokens = usage.get("prompt_tokens")

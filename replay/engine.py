@@ -34,8 +34,7 @@ from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
 from agentload.traces import Request, Session, Trace
-
-SESSION_HEADER = "X-Session-ID"
+from agentload.traces.headers import SESSION_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +206,11 @@ class ReplayEngine:
             if index:
                 self.journal.write_event("recycle", self.now_ns(), lane=lane, play=index,
                                          session=session.id)
+            self.journal.write_event(
+                "play", self.now_ns(), lane=lane, play=index, session_id=session.id,
+                start_turn=play.start_turn, main_turns=main_turns(session),
+                requests=play.measured, warmup_requests=len(play.requests) - play.measured,
+                marker_block=play.marker.id if play.marker else None)
             self._lanes_active += 1
             try:
                 await self._play(play)
@@ -323,7 +327,8 @@ class ReplayEngine:
             self._observe(rec)
         else:
             self._failed += 1
-        self.journal.write_request(rec)
+        self.journal.write_request(rec, [t - self._t0_ns for t in res.chunk_ns],
+                                   res.chunk_tokens)
 
     def _record(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
                 ready_ns: int | None, res: StreamResult, theoretical: int) -> RequestRecord:

@@ -84,8 +84,16 @@ class Journal:
     def write_run(self, meta: dict[str, Any]) -> None:
         self._write({"type": "run", **meta})
 
-    def write_request(self, rec: RequestRecord) -> None:
+    def write_request(self, rec: RequestRecord, chunk_ns: list[int] | None = None,
+                      chunk_tokens: list[int] | None = None) -> None:
+        """One finished request, and (on the next line) when each of its chunks arrived."""
         self._write({"type": "request", **dataclasses.asdict(rec)})
+        if chunk_ns:
+            self._write({"type": "chunks", "request_id": rec.request_id, "lane": rec.lane,
+                         "play": rec.play, "t_ns": chunk_ns, "tokens": chunk_tokens})
+
+    def write_server_metrics(self, t_ns: int, values: dict[str, float]) -> None:
+        self._write({"type": "server_metrics", "t_ns": t_ns, **values})
 
     def write_event(self, kind: str, t_ns: int, **fields: Any) -> None:
         self._write({"type": "event", "kind": kind, "t_ns": t_ns, **fields})
@@ -126,9 +134,56 @@ def request_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     return frame.sort("sent_ns")
 
 
+CHUNKS_NAME = "chunks.parquet"
+SESSIONS_NAME = "sessions.parquet"
+SERVER_METRICS_NAME = "server_metrics.parquet"
+CHUNK_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String(), "lane": pl.Int32(), "play": pl.Int32(), "index": pl.Int32(),
+    "t_ns": pl.Int64(), "tokens": pl.Int32(),
+}
+PLAY_SCHEMA: dict[str, pl.DataType] = {
+    "lane": pl.Int32(), "play": pl.Int32(), "session_id": pl.String(),
+    "start_turn": pl.Int32(), "main_turns": pl.Int32(), "requests": pl.Int32(),
+    "warmup_requests": pl.Int32(), "marker_block": pl.Int64(), "t_ns": pl.Int64(),
+}
+
+
 def finalize(run_dir: Path) -> pl.DataFrame:
-    """Write ``requests.parquet`` from the journal and return the frame."""
-    _, rows = read_journal(run_dir / JOURNAL_NAME)
+    """Write the run's tables from the journal; return the requests frame.
+
+    ``requests.parquet`` (one row a request), ``chunks.parquet`` (one row a streamed
+    chunk: when it arrived, how many tokens), ``sessions.parquet`` (one row a play:
+    lane, session, start turn, salt) and ``server_metrics.parquet`` (the server's
+    Prometheus values sampled every second, with per-interval deltas of counters).
+    """
+    meta, rows = read_journal(run_dir / JOURNAL_NAME)
     frame = request_frame(rows)
     frame.write_parquet(run_dir / REQUESTS_NAME)
+    chunk_rows: dict[str, list[Any]] = {k: [] for k in CHUNK_SCHEMA}
+    for m in meta:
+        if m.get("type") == "chunks":
+            n = len(m["t_ns"])
+            chunk_rows["request_id"] += [m["request_id"]] * n
+            chunk_rows["lane"] += [m["lane"]] * n
+            chunk_rows["play"] += [m.get("play", 0)] * n
+            chunk_rows["index"] += list(range(n))
+            chunk_rows["t_ns"] += m["t_ns"]
+            chunk_rows["tokens"] += m.get("tokens") or [1] * n
+    pl.DataFrame(chunk_rows, schema=CHUNK_SCHEMA).write_parquet(run_dir / CHUNKS_NAME)
+    plays = [{k: m.get(k) for k in PLAY_SCHEMA} for m in meta
+             if m.get("type") == "event" and m.get("kind") == "play"]
+    pl.DataFrame(plays, schema=PLAY_SCHEMA).write_parquet(run_dir / SESSIONS_NAME)
+    server_metrics_frame(meta).write_parquet(run_dir / SERVER_METRICS_NAME)
     return frame
+
+
+def server_metrics_frame(meta: list[dict[str, Any]]) -> pl.DataFrame:
+    """Samples of the server's metrics, with ``d_<counter>`` per-interval deltas."""
+    samples = [{k: v for k, v in m.items() if k != "type"} for m in meta
+               if m.get("type") == "server_metrics"]
+    if not samples:
+        return pl.DataFrame(schema={"t_ns": pl.Int64()})
+    frame = pl.DataFrame(samples).sort("t_ns")
+    counters = [c for c in frame.columns if c.endswith("_total")]
+    return frame.with_columns(pl.col(c).diff().alias("d_" + c.split(":", 1)[-1])
+                              for c in counters)

@@ -63,6 +63,7 @@ from agentload.replay.server import (
 )
 from agentload.traces import Trace
 from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
+from agentload.traces.headers import PROBE_HEADER
 
 # live: one status line rewritten every second (a TTY); headless: a line every few seconds.
 ProgressMode = Literal["live", "headless", "none"]
@@ -98,9 +99,6 @@ def check_target_url(url: str) -> str:
         raise ReplayError(f"--target has an invalid port: {url!r}") from None
     base = url.rstrip("/")
     return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-PROBE_HEADER = "X-Agentload-Probe"
 
 
 def probe_target(base_url: str, model: str | None, api_key: str | None,
@@ -252,13 +250,23 @@ async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -
     engine.stop(reason)
 
 
+async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
+                         interval_s: float = 1.0) -> None:
+    """Journal the server's metrics every ``interval_s`` (server_metrics.parquet)."""
+    while True:
+        scrape = await prometheus.scrape(client, base_url)
+        if scrape.ok:
+            engine.journal.write_server_metrics(engine.now_ns(), scrape.values)
+        await asyncio.sleep(interval_s)
+
+
 async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
                   server: ManagedServer | None, progress: ProgressMode, say: Say,
                   interval_s: float,
                   ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
     async with client:
         before = await prometheus.scrape(client, base_url)
-        helpers = []
+        helpers = [asyncio.create_task(_sample_server(engine, client, base_url))]
         if progress != "none":
             helpers.append(asyncio.create_task(_progress_loop(engine, progress, say,
                                                               interval_s)))

@@ -81,3 +81,34 @@ def test_recycling_lanes_stop_at_max_requests_and_journal_warmup(tmp_path: Path)
     # Two plays never share a prompt prefix: each starts with its own marker tokens.
     firsts = {tuple(p[:16]) for p in server.prompts}
     assert len(firsts) == len(plays)
+
+
+def test_finalize_writes_chunks_plays_and_server_metrics(tmp_path: Path) -> None:
+    import polars as pl
+
+    from agentload.replay.journal import JOURNAL_NAME, finalize
+
+    trace = synthesize(SynthConfig(sessions=2, seed=1))
+    options = ReplayOptions(users=2, recycle=True, max_requests=12, time_scale=0.0, seed=2)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(_Server()))
+    with Journal(tmp_path / JOURNAL_NAME) as journal:
+        engine = ReplayEngine(trace, Target("http://x", "m"), options, journal, client)
+        asyncio.run(engine.run())
+        journal.write_server_metrics(1, {"vllm:prefix_cache_hits_total": 5.0})
+        journal.write_server_metrics(2, {"vllm:prefix_cache_hits_total": 9.0})
+    requests = finalize(tmp_path)
+    chunks = pl.read_parquet(tmp_path / "chunks.parquet")
+    per_request = chunks.group_by("request_id", "lane", "play").agg(
+        n=pl.len(), tokens=pl.col("tokens").sum())
+    joined = requests.join(per_request, on=["request_id", "lane", "play"])
+    assert joined.height == requests.height
+    assert (joined["n"] == joined["chunks"]).all() and (joined["tokens"] == joined["osl"]).all()
+    assert (chunks.group_by("request_id", "lane", "play").agg(
+        mono=pl.col("t_ns").diff().drop_nulls().min() >= 0)["mono"].fill_null(True)).all()
+    plays = pl.read_parquet(tmp_path / "sessions.parquet")
+    assert set(zip(plays["lane"], plays["play"], strict=True)) == set(
+        zip(requests["lane"], requests["play"], strict=True))
+    first = plays.filter(pl.col("play") == 0)
+    assert (first["start_turn"] > 0).any() and (plays["marker_block"] < 0).all()
+    metrics = pl.read_parquet(tmp_path / "server_metrics.parquet")
+    assert metrics["d_prefix_cache_hits_total"].to_list() == [None, 4.0]

@@ -12,6 +12,7 @@ many traces (``pl.scan_parquet``).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,11 @@ def _open(path: Path) -> tuple[dict[str, str], Iterator[tuple[Session | None, li
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}")
     try:
-        header = pl.read_parquet_metadata(path)
-        frame = pl.read_parquet(path)
+        # One read of the bytes, then both parses from memory: reading the path twice
+        # can see two versions of a file that a recorder is atomically replacing.
+        data = path.read_bytes()
+        header = pl.read_parquet_metadata(io.BytesIO(data))
+        frame = pl.read_parquet(io.BytesIO(data))
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise TraceError(f"{path}: not a readable Parquet file ({exc})") from None
     if header.get("agentload_trace") != str(FORMAT_VERSION):

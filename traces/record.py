@@ -29,7 +29,8 @@ import orjson
 import typer
 
 from agentload.traces.errors import TraceError
-from agentload.traces.record_proxy import SESSION_HEADER, RecordingProxy
+from agentload.traces.headers import SESSION_HEADER
+from agentload.traces.record_proxy import RecordingProxy
 from agentload.traces.record_trace import Recorder
 
 DEFAULT_LISTEN = "127.0.0.1:8100"

@@ -32,6 +32,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from agentload.traces.headers import PROBE_HEADER, SESSION_HEADER
 from agentload.traces.model import Message
 from agentload.traces.record_trace import (
     Call,
@@ -44,11 +45,6 @@ from agentload.traces.record_trace import (
     pseudo_tokens,
     valid_token_ids,
 )
-
-# The same names agentload's replayer sends (agentload.replay.engine / .run); spelled
-# out here because the traces room does not import the replay room.
-SESSION_HEADER = "X-Session-ID"
-PROBE_HEADER = "X-Agentload-Probe"
 
 RECORDED_PATHS: dict[str, Literal["completions", "chat"]] = {
     "/v1/completions": "completions",
