@@ -47,7 +47,9 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
              cache_salt: int | None, request_timeout: float, open_loop: bool = False,
              stall_timeout: float = 120.0,
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
-             warmup_turns: int = 1) -> ReplayOptions:
+             warmup_turns: int = 1, api: str = "completions") -> ReplayOptions:
+    if api not in ("completions", "chat"):
+        raise ReplayError(f"--api must be completions or chat, got {api!r}")
     if recycle and open_loop:
         raise ReplayError("--recycle and --open-loop do not mix (open loop plays every "
                           "session once, at its arrival)")
@@ -60,6 +62,7 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         request_timeout_s=request_timeout, stall_timeout_s=stall_timeout,
         open_loop=open_loop, recycle=recycle, seed=seed,
         start_range=_start_range(start_range), warmup_turns=warmup_turns,
+        api="chat" if api == "chat" else "completions",
     )
 
 
@@ -148,6 +151,10 @@ def replay(
     start_range: Annotated[str, typer.Option(
         "--start-range", help="With --recycle: where initial plays start, as fractions of "
         "the session's main turns (0:0 = from the beginning).")] = "0.25:0.75",
+    api: Annotated[str, typer.Option(
+        "--api", help="completions: token-id prompts, exact lengths (vLLM). chat: "
+        "/v1/chat/completions with deterministic text per block, for endpoints that take "
+        "only messages; ISL is then what the server counts.")] = "completions",
     stall_timeout: Annotated[float, typer.Option(
         "--stall-timeout", min=0.1, help="Seconds a stream may go without a byte before the "
         "request counts as stalled.")] = 120.0,
@@ -176,7 +183,7 @@ def replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                         warmup_turns),
+                         warmup_turns, api),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,

@@ -32,7 +32,7 @@ from agentload.replay.cache_model import PrefixCacheModel
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
-from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TokenPrompts
+from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
 from agentload.traces import Request, Session, Trace
 from agentload.traces.headers import SESSION_HEADER
 
@@ -73,6 +73,8 @@ class ReplayOptions:
     max_connections: int | None = None
     output_mode: Literal["canned"] = "canned"
     open_loop: bool = False
+    api: Literal["completions", "chat"] = "completions"
+    words_per_token: float = 1.0
     recycle: bool = False
     seed: int = 0
     start_range: tuple[float, float] = (0.25, 0.75)
@@ -130,7 +132,9 @@ class ReplayEngine:
         self.journal = journal
         self.client = client
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
-        self._url = target.base_url.rstrip("/") + "/v1/completions"
+        self.texts = TextPrompts(options.cache_salt, options.words_per_token)
+        path = "/v1/chat/completions" if options.api == "chat" else "/v1/completions"
+        self._url = target.base_url.rstrip("/") + path
         self._auth = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         # Theoretical hits are counted at the server's KV block size when it is known.
         self.cache_model = PrefixCacheModel(target.kv_block_size or trace.block_size)
@@ -280,9 +284,15 @@ class ReplayEngine:
         return self.options.max_requests is not None and self._sent >= self.options.max_requests
 
     def _payload(self, req: Request) -> bytes:
+        if self.options.api == "chat":
+            # Chat endpoints take text only: deterministic words per block, one user turn.
+            prompt: dict[str, Any] = {"messages": [
+                {"role": "user", "content": self.texts.text(req.blocks)}]}
+        else:
+            prompt = {"prompt": self.prompts.prompt(req.blocks)}
         return orjson.dumps({
             "model": self.target.model,
-            "prompt": self.prompts.prompt(req.blocks),
+            **prompt,
             "max_tokens": req.output_tokens,
             "ignore_eos": True,
             "temperature": 0.0,

@@ -15,6 +15,7 @@ where the window runs from the first send to the last token.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,9 @@ DEFINITIONS = {
                                              "server_prefix_cache_hit_rate)",
     "usage_cached_tokens_rate": "sum of usage.prompt_tokens_details.cached_tokens / sum(ISL_i)"
                                 " over measured requests (compare with theoretical)",
+    "isl_exact_fraction": "share of successful requests whose server-reported ISL equals the "
+                          "trace's (1.0 in token-id mode; chat mode sends text)",
+    "isl_error_p50": "median |ISL_i - trace ISL_i| / trace ISL_i",
     "osl_exact_fraction": "share of successful requests whose server-reported OSL equals "
                           "the requested max_tokens",
     "schedule_lag_p99_s": "P99(sent_i - intended_i): how late requests left against the "
@@ -162,6 +166,9 @@ def summarize(
         # reference for its own counter (server_prefix_cache_hit_rate).
         "theoretical_prefix_cache_hit_rate_all": _all_phases_theoretical(frame),
         "osl_exact_fraction": float((ok["osl"] == ok["osl_requested"]).sum()) / ok.height,
+        "isl_exact_fraction": float((ok["isl"] == ok["isl_requested"]).sum()) / ok.height,
+        "isl_error_p50": _quantile(((ok["isl"] - ok["isl_requested"]).abs()
+                                    / ok["isl_requested"]).drop_nulls(), 0.5),
         "osl_from_client_count": int((ok["osl_source"] == "client").sum()),
         "input_tokens": isl_sum,
         "output_tokens": osl_sum,
@@ -273,3 +280,75 @@ def validity(summary: dict[str, Any]) -> dict[str, Any]:
     if summary.get("interrupted"):
         reasons.append("the run was interrupted")
     return {"verdict": "invalid" if reasons else "valid", "reasons": reasons}
+
+
+def steady_state_start(values: np.ndarray, batch: int = 5) -> int:
+    """Where the warm-up transient ends in a series (MSER-5): the index to keep from.
+
+    The series is cut into batches of ``batch``; the start kept is the one that
+    minimises the standard error of the remaining batch means, searched over the first
+    half only, and kept only if the dropped part differs from the rest by more than
+    noise.
+    """
+    n = len(values) // batch
+    if n < 4:
+        return 0
+    means = values[: n * batch].reshape(n, batch).mean(axis=1)
+    best, best_d = float("inf"), 0
+    for d in range(n // 2):
+        rest = means[d:]
+        score = rest.var() / len(rest)  # MSER: spread of what is kept, per sample
+        if score < best:
+            best, best_d = score, d
+    # MSER alone also "finds" a transient in pure noise; keep a cut only if what it drops
+    # really differs from what it keeps (more than 3 standard errors).
+    if best_d:
+        dropped, kept = means[:best_d], means[best_d:]
+        if abs(dropped.mean() - kept.mean()) < 3 * kept.std() / np.sqrt(best_d):
+            return 0
+    return best_d * batch
+
+
+def steady_state(frame: pl.DataFrame) -> dict[str, Any]:
+    """The steady window of a run (MSER-5 over ITL in send order) and its headline numbers."""
+    ok = with_request_metrics(frame.filter((pl.col("phase") == "measure") & pl.col("ok")))
+    ok = ok.filter(pl.col("itl_s").is_not_null()).sort("sent_ns")
+    if ok.height < 20:
+        return {"detected": False, "reason": "fewer than 20 decoded requests"}
+    cut = steady_state_start(ok["itl_s"].to_numpy())
+    kept = ok[cut:]
+    p90 = _quantile(kept["itl_s"], 0.9)
+    return {
+        "detected": True,
+        "method": "MSER-5 over per-request ITL in send order",
+        "start_s": int(kept["sent_ns"][0]) / 1e9,
+        "requests_dropped": cut,
+        "requests": kept.height,
+        "p90_interactivity_tok_s": _inverse(p90),
+        "ttft_p90_s": _quantile(kept["ttft_s"], 0.9),
+    }
+
+
+def by_context_depth(frame: pl.DataFrame,
+                     edges: tuple[int, ...] = (0, 1024, 4096, 8192, 16384, 32768, 65536,
+                                               131072)) -> list[dict[str, Any]]:
+    """Headline numbers per context-depth bucket (ISL), so runs whose request mix drifted
+    apart (a faster server gets further into its sessions) compare like with like."""
+    ok = with_request_metrics(frame.filter((pl.col("phase") == "measure") & pl.col("ok")))
+    rows = []
+    bounds = [*edges, None]
+    for lo, hi in itertools.pairwise(bounds):
+        assert lo is not None
+        part = ok.filter(pl.col("isl") >= lo)
+        if hi is not None:
+            part = part.filter(pl.col("isl") < hi)
+        if part.is_empty():
+            continue
+        rows.append({
+            "min_isl": lo, "max_isl": None if hi is None else hi - 1, "requests": part.height,
+            "p90_interactivity_tok_s": _inverse(_quantile(part["itl_s"], 0.9)),
+            "ttft_p90_s": _quantile(part["ttft_s"], 0.9),
+            "cached_fraction": (float(part["cached_tokens"].sum()) / float(part["isl"].sum())
+                                if part["cached_tokens"].null_count() < part.height else None),
+        })
+    return rows

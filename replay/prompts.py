@@ -75,3 +75,67 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         out: np.ndarray = x ^ (x >> np.uint64(31))
         return out
+
+
+# Short, common English words: one token each (with their leading space) in the usual
+# BPE vocabularies, so a block's word count tracks its token count.
+_WORD_TEXT = (
+    "the of and to in is it that for on was with he as at by be this had not are but from "
+    "or have an they which one you were her all she there would their we him been has when "
+    "who will more no if out so said what up its about into than them can only other new "
+    "some could time these two may then do first any my now such like our over man me even "
+    "most made after also did many before must through back years where much your way well "
+    "down should because each just those people how too little state good very make world "
+    "still own see men work long get here between both life being under never day same "
+    "another know while last might us great old year off come since against go came right "
+    "used take three place around however home small found thought went say part once high "
+    "general upon school every don does got united left number course war until always away "
+    "something fact though water less public put think almost hand enough far took head yet "
+    "government system better set told nothing night end why called didn eyes find going "
+    "look asked later point knew city next program business give group toward young days let "
+    "room president side social present given several order national possible rather second "
+    "face per among form important often things looked early white case john become large big "
+    "need four within felt along children saw best church ever least power development light "
+    "thing seemed family interest want members mind country area others done turned although "
+    "open god service problem certain kind different thus began door help means sense whole "
+    "matter perhaps itself york times law human line above name example action company hands "
+    "local show whether five history gave today either act feet across taken past quite "
+    "anything seen having death experience body word half really week field car words already "
+    "themselves information tell together college shall money period held keep sure free "
+    "seems real behind cannot miss political air question making office brought whose special"
+)
+WORDS = tuple(_WORD_TEXT.split())
+
+
+class TextPrompts:
+    """Maps blocks to deterministic text for chat endpoints (which take no token ids).
+
+    Word ``k`` of block ``b`` is picked by the same hash of (salt, b, k) as token-id
+    prompts, so equal blocks are equal text and a prompt that extends another extends
+    its text. ``words_per_token`` (measured on the target with /tokenize when it has
+    one) sets how many words stand for a block's tokens; the server's
+    ``usage.prompt_tokens`` is the ISL that gets recorded, and the run reports how far
+    it is from the trace's.
+    """
+
+    def __init__(self, salt: int, words_per_token: float = 1.0) -> None:
+        if not words_per_token > 0:
+            raise ValueError("words_per_token must be positive")
+        self._ids = TokenPrompts(salt, 0, len(WORDS))
+        self.words_per_token = words_per_token
+
+    def block_text(self, block: Block) -> str:
+        return self.text([block])
+
+    def text(self, blocks: Sequence[Block]) -> str:
+        """The text of a prompt made of ``blocks``: space-separated words, in order."""
+        scaled = [Block(b.id, max(1, round(b.tokens * self.words_per_token))) for b in blocks]
+        return " ".join(WORDS[i] for i in self._ids.prompt(scaled))
+
+
+CALIBRATION_BLOCK = Block(id=-7, tokens=400)
+
+
+def words_per_token(token_count: int, words: int = CALIBRATION_BLOCK.tokens) -> float:
+    """The word count that makes ``words`` words tokenize to as many tokens."""
+    return words / token_count if token_count > 0 else 1.0

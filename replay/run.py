@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -47,12 +47,19 @@ from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journ
 from agentload.replay.metrics import (
     DEFINITIONS,
     bootstrap_ci,
+    by_context_depth,
     per_session,
     per_user,
+    steady_state,
     summarize,
     validity,
 )
-from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE
+from agentload.replay.prompts import (
+    CALIBRATION_BLOCK,
+    DEFAULT_TOKEN_ID_RANGE,
+    TextPrompts,
+    words_per_token,
+)
 from agentload.replay.report import HEADLINE, fmt, write_reports
 from agentload.replay.server import (
     ManagedServer,
@@ -192,6 +199,23 @@ def detect_token_id_range(base_url: str, model: str, api_key: str | None,
         raise ReplayError(f"{base_url}'s vocabulary is too small for token-id prompts "
                           f"(largest id {good})")
     return low, good + 1
+
+
+def calibrate_words(base_url: str, model: str, api_key: str | None,
+                    timeout_s: float = 30.0) -> tuple[float, str]:
+    """Words per token for chat prompts, measured with the server's /tokenize."""
+    sample = TextPrompts(0).text([CALIBRATION_BLOCK])
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
+            resp = client.post(base_url + "/tokenize", json={
+                "model": model, "prompt": sample, "add_special_tokens": False})
+        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        count = 0
+    if count <= 0:
+        return 1.0, "no /tokenize on the target: one word per token assumed"
+    return words_per_token(count), f"/tokenize: {CALIBRATION_BLOCK.tokens} words = {count} tokens"
 
 
 def _prepare_run_dir(run_dir: Path) -> None:
@@ -354,6 +378,11 @@ def run_replay(
                      startup_timeout_s) as (target, facts, server):
         trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
         check_fits(trace_obj, facts.get("max_model_len"))
+        if options.api == "chat":
+            wpt, how = calibrate_words(target.base_url, target.model, api_key)
+            options = replace(options, words_per_token=wpt)
+            run["options"] = asdict(options)
+            run["prompt_mode"] = f"chat text ({wpt:.3f} words per token; {how})"
         run |= {"target": target.public(), "server": facts, "fit": fitted.as_dict()}
         _write_json(run_dir / "run.json", run)
         with Journal(run_dir / JOURNAL_NAME) as journal:
@@ -406,6 +435,8 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
         summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
                     "stop_reason": outcome["stop_reason"]}
     summary["ci95"] = bootstrap_ci(frame)
+    summary["steady_state"] = steady_state(frame)
+    summary["by_context_depth"] = by_context_depth(frame)
     summary["validity"] = validity(summary)
     users = per_user(frame)
     per_session(frame).write_parquet(run_dir / "per_session.parquet")

@@ -141,3 +141,21 @@ def test_bootstrap_interval_brackets_the_estimate_and_validity_names_reasons() -
                               "requests_sent": 10, "requests_not_sent": 90,
                               "stop_reason": "server died: oom"})
     assert bad["verdict"] == "invalid" and len(bad["reasons"]) == 3
+
+
+def test_steady_state_cuts_a_warm_up_transient_and_strata_split_by_depth() -> None:
+    from agentload.replay.metrics import by_context_depth, steady_state, steady_state_start
+
+    rng = np.random.default_rng(0)
+    transient = np.linspace(0.2, 0.02, 30)  # slow while caches and batches fill
+    settled = rng.normal(0.02, 0.001, 170)
+    cut = steady_state_start(np.concatenate([transient, settled]))
+    assert 20 <= cut <= 40
+    assert steady_state_start(rng.normal(0.02, 0.001, 200)) <= 15  # nothing to cut
+    itl = np.concatenate([np.linspace(0.3, 0.02, 30), rng.normal(0.02, 0.001, 170)])
+    rows = [row(i, float(i), 0.1, 0.1 + float(itl[i]) * 9, 10, isl=500 if i % 2 else 5000)
+            for i in range(200)]
+    state = steady_state(request_frame(rows))
+    assert state["detected"] and 20 <= state["requests_dropped"] <= 40
+    strata = by_context_depth(request_frame(rows))
+    assert [(s["min_isl"], s["requests"]) for s in strata] == [(0, 100), (4096, 100)]

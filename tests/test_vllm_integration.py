@@ -229,3 +229,19 @@ def test_weka_fixture_replay_fidelity(embedded_server: str, tmp_path: Path) -> N
     assert run["fit"]["scale_tokens"] == 0.12 and run["target"]["kv_block_size"] == 64
     users = pl.read_parquet(out / "per_user.parquet")
     assert users.height == 4 and int(users["requests"].sum()) == 46
+
+
+def test_chat_mode_sends_text_and_keeps_reuse(embedded_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "chat"
+    proc = subprocess.run(cli("replay", str(demo_trace_path()), "--target", embedded_server,
+                              "--api", "chat", "--users", "2", "--max-requests", "10",
+                              "--time-scale", "0", "--no-report", "-o", str(out)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests_completed"] == 10 and s["osl_exact_fraction"] == 1.0
+    # Words are calibrated with /tokenize; the chat template adds a few tokens on top.
+    assert s["isl_error_p50"] < 0.1
+    assert s["server_prefix_cache_hit_rate"] > 0.5  # later turns extend earlier text
+    run = json.loads((out / "run.json").read_text())
+    assert run["prompt_mode"].startswith("chat text") and "/tokenize" in run["prompt_mode"]
