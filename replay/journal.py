@@ -95,6 +95,10 @@ class Journal:
     def write_server_metrics(self, t_ns: int, values: dict[str, float]) -> None:
         self._write({"type": "server_metrics", "t_ns": t_ns, **values})
 
+    def write_gpu(self, t_ns: int, rows: list[dict[str, float | int]]) -> None:
+        for row in rows:
+            self._write({"type": "gpu", "t_ns": t_ns, **row})
+
     def write_event(self, kind: str, t_ns: int, **fields: Any) -> None:
         self._write({"type": "event", "kind": kind, "t_ns": t_ns, **fields})
 
@@ -137,6 +141,7 @@ def request_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
 CHUNKS_NAME = "chunks.parquet"
 SESSIONS_NAME = "sessions.parquet"
 SERVER_METRICS_NAME = "server_metrics.parquet"
+GPU_METRICS_NAME = "gpu_metrics.parquet"
 CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "request_id": pl.String(), "lane": pl.Int32(), "play": pl.Int32(), "index": pl.Int32(),
     "t_ns": pl.Int64(), "tokens": pl.Int32(),
@@ -174,6 +179,9 @@ def finalize(run_dir: Path) -> pl.DataFrame:
              if m.get("type") == "event" and m.get("kind") == "play"]
     pl.DataFrame(plays, schema=PLAY_SCHEMA).write_parquet(run_dir / SESSIONS_NAME)
     server_metrics_frame(meta).write_parquet(run_dir / SERVER_METRICS_NAME)
+    gpu = [{k: v for k, v in m.items() if k != "type"} for m in meta if m.get("type") == "gpu"]
+    if gpu:
+        pl.DataFrame(gpu).write_parquet(run_dir / GPU_METRICS_NAME)
     return frame
 
 

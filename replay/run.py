@@ -30,6 +30,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
+import polars as pl
 
 from agentload import __version__
 from agentload.replay import prometheus
@@ -43,7 +44,14 @@ from agentload.replay.engine import (
 )
 from agentload.replay.errors import ReplayError
 from agentload.replay.fit import FitOptions, check_fits, fit_trace
-from agentload.replay.journal import JOURNAL_NAME, Journal, finalize, read_journal
+from agentload.replay.gpu_telemetry import GpuSampler, open_sampler, summarize_gpu
+from agentload.replay.journal import (
+    GPU_METRICS_NAME,
+    JOURNAL_NAME,
+    Journal,
+    finalize,
+    read_journal,
+)
 from agentload.replay.metrics import (
     DEFINITIONS,
     bootstrap_ci,
@@ -275,22 +283,24 @@ async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -
 
 
 async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
-                         interval_s: float = 1.0) -> None:
-    """Journal the server's metrics every ``interval_s`` (server_metrics.parquet)."""
+                         gpus: GpuSampler | None, interval_s: float = 1.0) -> None:
+    """Journal the server's metrics (and local GPUs') every ``interval_s``."""
     while True:
         scrape = await prometheus.scrape(client, base_url)
         if scrape.ok:
             engine.journal.write_server_metrics(engine.now_ns(), scrape.values)
+        if gpus is not None:
+            engine.journal.write_gpu(engine.now_ns(), gpus.sample())
         await asyncio.sleep(interval_s)
 
 
 async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
                   server: ManagedServer | None, progress: ProgressMode, say: Say,
-                  interval_s: float,
+                  interval_s: float, gpus: GpuSampler | None = None,
                   ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
     async with client:
         before = await prometheus.scrape(client, base_url)
-        helpers = [asyncio.create_task(_sample_server(engine, client, base_url))]
+        helpers = [asyncio.create_task(_sample_server(engine, client, base_url, gpus))]
         if progress != "none":
             helpers.append(asyncio.create_task(_progress_loop(engine, progress, say,
                                                               interval_s)))
@@ -391,10 +401,13 @@ def run_replay(
             engine = ReplayEngine(trace_obj, target, options, journal, client)
             say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
                 f"{options.users} users) against {target.label} -> {run_dir}")
+            sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
+            run["gpu_telemetry"] = gpu_note
+            _write_json(run_dir / "run.json", run)
             try:
                 outcome, before, after = asyncio.run(_replay(
                     engine, client, target.base_url, server, progress, say,
-                    progress_interval_s))
+                    progress_interval_s, sampler))
             except KeyboardInterrupt:
                 interrupted = True
                 say("interrupted: stopping, and writing what completed")
@@ -403,6 +416,9 @@ def run_replay(
                 run["server"]["metrics_delta"] = {
                     name: prometheus.counter_delta(before, after, name)
                     for name in prometheus.WANTED if name.endswith("_total")}
+            finally:
+                if sampler is not None:
+                    sampler.close()
     if outcome is not None:
         run["outcome"] = asdict(outcome)
     run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -436,6 +452,10 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
                     "stop_reason": outcome["stop_reason"]}
     summary["ci95"] = bootstrap_ci(frame)
     summary["steady_state"] = steady_state(frame)
+    gpu_path = run_dir / GPU_METRICS_NAME
+    summary["gpu_telemetry"] = (
+        summarize_gpu(pl.read_parquet(gpu_path).to_dicts()) if gpu_path.is_file()
+        else {"available": False, "reason": run.get("gpu_telemetry", "not sampled")})
     summary["by_context_depth"] = by_context_depth(frame)
     summary["validity"] = validity(summary)
     users = per_user(frame)
