@@ -47,7 +47,10 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
              cache_salt: int | None, request_timeout: float, open_loop: bool = False,
              stall_timeout: float = 120.0,
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
-             warmup_turns: int = 1, api: str = "completions") -> ReplayOptions:
+             warmup_turns: int = 1, api: str = "completions",
+             outputs: str = "canned") -> ReplayOptions:
+    if outputs not in ("canned", "actual"):
+        raise ReplayError(f"--outputs must be canned or actual, got {outputs!r}")
     if api not in ("completions", "chat"):
         raise ReplayError(f"--api must be completions or chat, got {api!r}")
     if recycle and open_loop:
@@ -63,6 +66,7 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         open_loop=open_loop, recycle=recycle, seed=seed,
         start_range=_start_range(start_range), warmup_turns=warmup_turns,
         api="chat" if api == "chat" else "completions",
+        output_mode="actual" if outputs == "actual" else "canned",
     )
 
 
@@ -155,6 +159,10 @@ def replay(
         "--api", help="completions: token-id prompts, exact lengths (vLLM). chat: "
         "/v1/chat/completions with deterministic text per block, for endpoints that take "
         "only messages; ISL is then what the server counts.")] = "completions",
+    outputs: Annotated[str, typer.Option(
+        "--outputs", help="canned: later prompts carry the trace's answer blocks. actual: "
+        "the model's own output token ids (return_token_ids) replace them, so the server "
+        "can reuse the KV it generated, as with a real agent.")] = "canned",
     stall_timeout: Annotated[float, typer.Option(
         "--stall-timeout", min=0.1, help="Seconds a stream may go without a byte before the "
         "request counts as stalled.")] = 120.0,
@@ -183,7 +191,7 @@ def replay(
         trace, output, target_url=target, embedded=embedded,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                         warmup_turns, api),
+                         warmup_turns, api, outputs),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,

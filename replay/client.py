@@ -47,6 +47,8 @@ class StreamResult:
     # Arrival stamp and token count of every token chunk, for chunks.parquet.
     chunk_ns: list[int] = field(default_factory=list, repr=False)
     chunk_tokens: list[int] = field(default_factory=list, repr=False)
+    # The generated token ids, when asked for (``return_token_ids``).
+    output_ids: list[int] | None = field(default=None, repr=False)
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         self.error_kind, self.error = kind, message
@@ -76,6 +78,7 @@ async def stream_completion(
     headers: dict[str, str] | None = None,
     total_timeout_s: float | None = None,
     on_first_token: Callable[[], None] | None = None,
+    collect_token_ids: bool = False,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
 
@@ -88,7 +91,8 @@ async def stream_completion(
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)
-    result = StreamResult(sent_ns=time.perf_counter_ns(), on_first_token=on_first_token)
+    result = StreamResult(sent_ns=time.perf_counter_ns(), on_first_token=on_first_token,
+                          output_ids=[] if collect_token_ids else None)
     try:
         async with asyncio.timeout(total_timeout_s):
             await _follow(client, url, payload, hdrs, result)
@@ -175,7 +179,11 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
             msg = err.get("message") if isinstance(err, dict) else err
             result.fail("server_error", f"server error mid-stream: {_short(str(msg))}")
             return
-        tokens = sum(_chunk_tokens(c) for c in obj.get("choices") or ())
+        choices = obj.get("choices") or ()
+        tokens = sum(_chunk_tokens(c) for c in choices)
+        if result.output_ids is not None:
+            for choice in choices:
+                result.output_ids.extend(choice.get("token_ids") or ())
         if tokens:
             if result.first_token_ns is None:
                 result.first_token_ns = now

@@ -21,19 +21,19 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
 import numpy as np
 import orjson
 
-from agentload.replay.cache_model import PrefixCacheModel
+from agentload.replay.cache_model import PrefixCacheModel, server_block_keys
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
-from agentload.traces import Request, Session, Trace
+from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.headers import SESSION_HEADER
 
 
@@ -71,7 +71,7 @@ class ReplayOptions:
     stall_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
     max_connections: int | None = None
-    output_mode: Literal["canned"] = "canned"
+    output_mode: Literal["canned", "actual"] = "canned"
     open_loop: bool = False
     api: Literal["completions", "chat"] = "completions"
     words_per_token: float = 1.0
@@ -226,6 +226,7 @@ class ReplayEngine:
         done: dict[str, asyncio.Future[int]] = {p.request.id: loop.create_future()
                                                 for p in play.requests}
         scale = self.options.time_scale
+        threads = _Threads(play) if self.options.output_mode == "actual" else None
         # Arrivals are not-before times: from the run's start in open loop, from the
         # session's first arrival in closed loop (where the lane decides when it starts).
         arrivals = [p.request.arrival_s for p in play.requests
@@ -244,6 +245,10 @@ class ReplayEngine:
                 if req.arrival_s is not None:
                     not_before = origin_ns + int((req.arrival_s - first_arrival) * scale * 1e9)
                     intended = max(intended, not_before)
+                if threads is not None:
+                    # The model's actual earlier outputs replace the trace's answer blocks.
+                    planned = threads.apply(planned)
+                    req = planned.request
                 # Build the payload during the pause, so the send itself is on time.
                 payload = self._payload(req)
                 delay = (intended - self.now_ns()) / 1e9
@@ -254,7 +259,7 @@ class ReplayEngine:
                     return
                 if planned.phase == "warmup" and self._stop_reason is not None:
                     return
-                await self._send(play, turn, planned, intended, ready_at, payload)
+                await self._send(play, turn, planned, intended, ready_at, payload, threads)
             finally:
                 if not done[req.id].done():
                     done[req.id].set_result(self.now_ns())
@@ -284,6 +289,8 @@ class ReplayEngine:
         return self.options.max_requests is not None and self._sent >= self.options.max_requests
 
     def _payload(self, req: Request) -> bytes:
+        extra: dict[str, Any] = {"return_token_ids": True} if (
+            self.options.output_mode == "actual") else {}
         if self.options.api == "chat":
             # Chat endpoints take text only: deterministic words per block, one user turn.
             prompt: dict[str, Any] = {"messages": [
@@ -298,10 +305,12 @@ class ReplayEngine:
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **extra,
         })
 
     async def _send(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
-                    ready_ns: int | None, payload: bytes) -> None:
+                    ready_ns: int | None, payload: bytes,
+                    threads: _Threads | None = None) -> None:
         req = planned.request
         # The prompt joins the model cache when its first token comes back (prefill done).
         theoretical, keys = self.cache_model.send(req.blocks, cache_now=False)
@@ -316,9 +325,16 @@ class ReplayEngine:
             res = await stream_completion(
                 self.client, self._url, payload, headers=headers,
                 total_timeout_s=self.options.request_timeout_s,
-                on_first_token=lambda: self.cache_model.cache(keys))
+                on_first_token=lambda: self.cache_model.cache(keys),
+                collect_token_ids=threads is not None)
         finally:
             self._in_flight -= 1
+        if threads is not None and res.ok and res.output_ids:
+            answer = self.prompts.literal(res.output_ids)
+            threads.answered(req, answer)
+            # The server keeps the KV of what it generated, so prompt + answer is cached.
+            self.cache_model.cache(server_block_keys((*req.blocks, answer),
+                                                     self.cache_model.block_size))
         if res.error_kind in ("refused", "connect_timeout"):
             # The server is not taking connections: this lane backs off (1, 2, 4 ... 8 s)
             # before its dependants go, instead of hammering a restarting server.
@@ -405,3 +421,57 @@ def build_http_client(options: ReplayOptions) -> httpx.AsyncClient:
     timeout = httpx.Timeout(options.stall_timeout_s, connect=options.connect_timeout_s)
     return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits,
                              timeout=timeout, trust_env=False)
+
+
+class _Threads:
+    """Actual outputs of one play, threaded into the prompts that follow them.
+
+    A trace carries each answer as the blocks that follow its request's prompt in the
+    next turn (as many as cover its output length). When the model's own tokens come
+    back, those blocks are replaced, in every later prompt of the play, by one literal
+    block holding exactly the generated ids, so the server sees (and can reuse from its
+    cache) the context a real agent would send.
+    """
+
+    def __init__(self, play: Play) -> None:
+        self.dependants: dict[str, list[Request]] = {}
+        for planned in play.requests:
+            for dep in planned.depends_on:
+                self.dependants.setdefault(dep, []).append(planned.request)
+        self.subs: dict[int, tuple[tuple[int, ...], Block]] = {}
+
+    def answered(self, req: Request, answer: Block) -> None:
+        n = len(req.blocks)
+        for child in self.dependants.get(req.id, ()):
+            blocks = self._substituted(child.blocks)
+            if blocks[:n] != req.blocks or len(blocks) <= n:
+                continue
+            run, covered = [], 0
+            for block in blocks[n:]:
+                if covered >= req.output_tokens:
+                    break
+                run.append(block.id)
+                covered += block.tokens
+            self.subs[run[0]] = (tuple(run), answer)
+            return
+
+    def apply(self, planned: PlannedRequest) -> PlannedRequest:
+        blocks = self._substituted(planned.request.blocks)
+        if blocks == planned.request.blocks:
+            return planned
+        return replace(planned, request=replace(planned.request, blocks=blocks))
+
+    def _substituted(self, blocks: tuple[Block, ...]) -> tuple[Block, ...]:
+        if not self.subs:
+            return blocks
+        out: list[Block] = []
+        i = 0
+        while i < len(blocks):
+            sub = self.subs.get(blocks[i].id)
+            if sub is not None and tuple(b.id for b in blocks[i:i + len(sub[0])]) == sub[0]:
+                out.append(sub[1])
+                i += len(sub[0])
+            else:
+                out.append(blocks[i])
+                i += 1
+        return tuple(out)

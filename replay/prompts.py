@@ -38,6 +38,17 @@ class TokenPrompts:
         self.low = low
         self.high = high
         self._salt_mix = _splitmix(np.array([salt & _MASK], dtype=np.uint64))[0]
+        # Blocks whose tokens are given, not derived: the model's actual outputs, threaded
+        # into later prompts (``--outputs actual``).
+        self._literals: dict[int, np.ndarray] = {}
+        self._next_literal = LITERAL_BASE
+
+    def literal(self, token_ids: Sequence[int]) -> Block:
+        """A new block that stands for exactly ``token_ids``."""
+        block = Block(self._next_literal, len(token_ids))
+        self._next_literal -= 1
+        self._literals[block.id] = np.asarray(token_ids, dtype=np.int64)
+        return block
 
     def block_ids(self, block: Block) -> np.ndarray:
         """The token ids of one block."""
@@ -48,9 +59,26 @@ class TokenPrompts:
         """The token ids of a prompt made of ``blocks``, in order."""
         if not blocks:
             return []
+        if self._literals and any(b.id in self._literals for b in blocks):
+            parts: list[np.ndarray] = []
+            run: list[Block] = []
+            for block in blocks:
+                if block.id in self._literals:
+                    if run:
+                        parts.append(self._derived(run))
+                        run = []
+                    parts.append(self._literals[block.id])
+                else:
+                    run.append(block)
+            if run:
+                parts.append(self._derived(run))
+            return np.concatenate(parts).tolist()  # type: ignore[no-any-return]
+        return self._derived(blocks).tolist()  # type: ignore[no-any-return]
+
+    def _derived(self, blocks: Sequence[Block]) -> np.ndarray:
         ids = np.fromiter((b.id for b in blocks), dtype=np.int64, count=len(blocks))
         lengths = np.fromiter((b.tokens for b in blocks), dtype=np.int64, count=len(blocks))
-        return self._ids(ids, lengths).tolist()  # type: ignore[no-any-return]
+        return self._ids(ids, lengths)
 
     def _ids(self, block_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         total = int(lengths.sum())
@@ -64,6 +92,8 @@ class TokenPrompts:
 
 
 _MASK = 0xFFFFFFFFFFFFFFFF
+# Literal blocks count down from here, far below play markers (-1, -2, ...).
+LITERAL_BASE = -(1 << 40)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 

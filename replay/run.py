@@ -377,7 +377,12 @@ def run_replay(
                   "requests": trace_obj.num_requests, "block_size": trace_obj.block_size},
         "options": asdict(options),
         "prompt_mode": "token-ids",
-        "output_tokens": "canned (the trace's output length, ignore_eos)",
+        "output_tokens": (
+            "actual (the trace's output length with ignore_eos; the model's own token ids "
+            "replace the trace's answer blocks in later prompts)"
+            if options.output_mode == "actual" else
+            "canned (the trace's output length with ignore_eos; later prompts carry the "
+            "trace's answer blocks)"),
     }
     interrupted = False
     outcome: EngineOutcome | None = None
@@ -388,6 +393,8 @@ def run_replay(
                      startup_timeout_s) as (target, facts, server):
         trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
         check_fits(trace_obj, facts.get("max_model_len"))
+        if options.output_mode == "actual" and options.api == "chat":
+            raise ReplayError("--outputs actual needs token-id prompts (--api completions)")
         if options.api == "chat":
             wpt, how = calibrate_words(target.base_url, target.model, api_key)
             options = replace(options, words_per_token=wpt)

@@ -11,7 +11,7 @@ import orjson
 from agentload.replay.engine import ReplayEngine, ReplayOptions, Target
 from agentload.replay.journal import Journal, read_journal
 from agentload.replay.plan import marker_block, plan_play
-from agentload.traces import SynthConfig, synthesize
+from agentload.traces import Block, SynthConfig, synthesize
 from tests.test_client import Slow
 
 
@@ -112,3 +112,44 @@ def test_finalize_writes_chunks_plays_and_server_metrics(tmp_path: Path) -> None
     assert (first["start_turn"] > 0).any() and (plays["marker_block"] < 0).all()
     metrics = pl.read_parquet(tmp_path / "server_metrics.parquet")
     assert metrics["d_prefix_cache_hits_total"].to_list() == [None, 4.0]
+
+
+class _IdServer(_Server):
+    """Returns token ids 7, 8, 9, ... as the generated tokens (return_token_ids)."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        self.prompts.append(body["prompt"])
+        assert body.get("return_token_ids") is True
+        n = body["max_tokens"]
+        events = [b'data: {"choices":[{"text":"x","token_ids":[' + str(7 + i).encode() + b"]}]}\n\n"
+                  for i in range(n)]
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+        events.append(b'data: {"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
+        return httpx.Response(200, stream=Slow([*events, b"data: [DONE]\n\n"], 0.0))
+
+
+def test_actual_outputs_replace_the_answer_blocks_in_later_prompts(tmp_path: Path) -> None:
+    from agentload.replay.prompts import TokenPrompts
+    from agentload.traces import Request, Session, Trace
+
+    sys_blocks = tuple(Block(i, 64) for i in range(1, 5))
+    r0 = Request("s/0", "s", sys_blocks, 10)
+    r1 = Request("s/1", "s", (*sys_blocks, Block(5, 64), Block(6, 32)), 4, ("s/0",))
+    r2 = Request("s/2", "s", (*r1.blocks, Block(8, 64), Block(9, 16)), 3, ("s/1",))
+    trace = Trace("t", (Session("s", (r0, r1, r2)),))
+    server = _IdServer()
+    options = ReplayOptions(users=1, time_scale=0.0, cache_salt=9, output_mode="actual")
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    with Journal(tmp_path / "j.jsonl") as journal:
+        engine = ReplayEngine(trace, Target("http://x", "m"), options, journal, client)
+        asyncio.run(engine.run())
+    ids = TokenPrompts(9)
+    p0, p1, p2 = server.prompts
+    assert p0 == ids.prompt(sys_blocks)
+    answer0 = list(range(7, 17))  # what the "model" generated for s/0
+    assert p1 == p0 + answer0 + ids.prompt([Block(6, 32)])  # block 5 (64 tokens) replaced
+    # s/2 carries both answers: s/0's inside s/1's context, and s/1's own (block 8).
+    assert p2 == [*p1, 7, 8, 9, 10, *ids.prompt([Block(9, 16)])]
+    _, rows = read_journal(tmp_path / "j.jsonl")
+    assert [r["isl_requested"] for r in rows] == [len(p0), len(p1), len(p2)]

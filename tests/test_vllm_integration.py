@@ -220,8 +220,11 @@ def test_weka_fixture_replay_fidelity(embedded_server: str, tmp_path: Path) -> N
     # Theoretical hits are counted at the server's 64-token blocks over 8-token trace blocks.
     assert abs(s["server_prefix_cache_hit_rate"] - s["theoretical_prefix_cache_hit_rate"]) < 0.02
     assert s["theoretical_prefix_cache_hit_rate"] > 0.7
-    # A loose bound here (shared 2-core machines); bench replay prints the real figure.
-    assert s["pause_error_p99_s"] is not None and s["pause_error_p99_s"] < 0.25
+    # Pauses are honoured: never early, typically on time. The tail bound is loose on
+    # purpose (a shared 2-core machine can starve the client); `agentload bench replay`
+    # measures it properly.
+    assert -0.001 < s["pause_error_p50_s"] < 0.02
+    assert s["pause_error_p99_s"] < 1.0
     assert s["validity"]["verdict"] == "valid"
     assert s["ci95"]["p90_interactivity_tok_s"] is not None
     assert (out / "per_user.parquet").is_file() and (out / "per_session.parquet").is_file()
@@ -245,3 +248,23 @@ def test_chat_mode_sends_text_and_keeps_reuse(embedded_server: str, tmp_path: Pa
     assert s["server_prefix_cache_hit_rate"] > 0.5  # later turns extend earlier text
     run = json.loads((out / "run.json").read_text())
     assert run["prompt_mode"].startswith("chat text") and "/tokenize" in run["prompt_mode"]
+
+
+def test_actual_outputs_are_threaded_and_reused_by_the_server(embedded_server: str,
+                                                              tmp_path: Path) -> None:
+    canned = run_replay(demo_trace_path(), tmp_path / "canned", target_url=embedded_server,
+                        options=ReplayOptions(users=4, time_scale=0.0, cache_salt=21),
+                        progress="none", report=False).summary
+    actual = run_replay(demo_trace_path(), tmp_path / "actual", target_url=embedded_server,
+                        options=ReplayOptions(users=4, time_scale=0.0, cache_salt=22,
+                                              output_mode="actual"),
+                        progress="none", report=False).summary
+    assert actual["requests_completed"] == canned["requests_completed"] == 49
+    assert actual["osl_exact_fraction"] == 1.0
+    # The server keeps the KV of what it generated: reusing it raises the hit rate, and the
+    # theoretical model (which caches each answer) follows the server.
+    assert actual["server_prefix_cache_hit_rate"] > canned["server_prefix_cache_hit_rate"]
+    assert abs(actual["server_prefix_cache_hit_rate"]
+               - actual["theoretical_prefix_cache_hit_rate"]) < 0.03
+    run = json.loads((tmp_path / "actual" / "run.json").read_text())
+    assert run["output_tokens"].startswith("actual")
