@@ -232,3 +232,28 @@ def fresh_blocks(ids: BlockIds, tokens: int, block_size: int) -> list[Block]:
     if rest:
         blocks.append(Block(ids.fresh(), rest))
     return blocks
+
+
+def length_row_blocks(row: FieldReader, ids: BlockIds, namespace: Hashable, block_size: int,
+                      notes: Notes, *, note_missing_hashes: bool = True,
+                      ) -> tuple[list[Block], int]:
+    """Prompt blocks and output length of a Mooncake-style row.
+
+    The row has ``input_length``, ``output_length`` and optional 512-token-style
+    ``hash_ids``; an output of 0 asks for 1 token, and a row without hashes gets
+    blocks nothing shares.
+    """
+    isl = row.count("input_length")
+    if isl < 1:
+        raise row.fail("input_length", "must be at least 1 token")
+    out = row.count("output_length")
+    if out < 1:
+        notes.add("{n} rows had output_length 0; they ask for 1 token")
+        out = 1
+    hash_ids = row.ids("hash_ids")
+    if hash_ids is None:
+        if note_missing_hashes:
+            notes.add("{n} rows had no hash_ids; their prompts share nothing")
+        return fresh_blocks(ids, isl, block_size), out
+    return hashed_blocks(ids, namespace, hash_ids, isl, block_size, row,
+                         partial_last=True), out

@@ -20,9 +20,8 @@ from agentload.traces.formats._common import (
     ImportResult,
     Notes,
     TraceFormat,
-    fresh_blocks,
-    hashed_blocks,
     json_lines,
+    length_row_blocks,
 )
 from agentload.traces.model import AgentKind, RecordedTiming, Request, Session, Trace
 
@@ -158,17 +157,8 @@ def _session(path: Path, sid: str, rows: list[_Row],
                 raise row.reader.fail("timestamp", "is missing on a request without "
                                                    "dependencies (ms since the trace began)")
             arrival = start - origin
-        isl = row.reader.count("input_length")
-        if isl < 1:
-            raise row.reader.fail("input_length", "must be at least 1 token")
-        out = row.reader.count("output_length")
-        if out < 1:
-            notes.add("{n} rows had output_length 0; they ask for 1 token")
-            out = 1
-        hash_ids = row.reader.ids("hash_ids")
-        blocks = (fresh_blocks(ids, isl, block_size) if hash_ids is None else
-                  hashed_blocks(ids, str(path), hash_ids, isl, block_size, row.reader,
-                                partial_last=True))
+        blocks, out = length_row_blocks(row.reader, ids, str(path), block_size, notes,
+                                        note_missing_hashes=False)
         requests.append(Request(
             id=row.rid, session_id=sid, blocks=tuple(blocks), output_tokens=out,
             depends_on=tuple(dict.fromkeys(row.waits)), pause_s=row.pause_s,

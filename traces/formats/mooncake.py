@@ -16,9 +16,8 @@ from agentload.traces.formats._common import (
     ImportResult,
     Notes,
     TraceFormat,
-    fresh_blocks,
-    hashed_blocks,
     json_lines,
+    length_row_blocks,
 )
 from agentload.traces.model import RecordedTiming, Request, Session, Trace
 
@@ -70,20 +69,7 @@ def load_mooncake(paths: list[Path], options: ImportOptions) -> ImportResult:
                                             "(ms since the trace began)")
             if chain and delay is not None:
                 arrival = None  # a later turn waits for the previous one, then the delay
-            isl = row.count("input_length")
-            if isl < 1:
-                raise row.fail("input_length", "must be at least 1 token")
-            out = row.count("output_length")
-            if out < 1:
-                notes.add("{n} rows had output_length 0; they ask for 1 token")
-                out = 1
-            hash_ids = row.ids("hash_ids")
-            if hash_ids is None:
-                notes.add("{n} rows had no hash_ids; their prompts share nothing")
-                blocks = fresh_blocks(ids, isl, block_size)
-            else:
-                blocks = hashed_blocks(ids, str(path), hash_ids, isl, block_size, row,
-                                       partial_last=True)
+            blocks, out = length_row_blocks(row, ids, str(path), block_size, notes)
             rid = f"{sid}/{len(chain)}"
             chain.append(Request(
                 id=rid, session_id=sid, blocks=tuple(blocks), output_tokens=out,
