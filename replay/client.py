@@ -1,7 +1,12 @@
 """Stream one completion over SSE and stamp when its bytes arrive.
 
 Per-event work is stamp first, parse after: the arrival time is read the moment a read
-returns, before any JSON is decoded, so parsing cost never shifts a timestamp. A
+returns, before any JSON is decoded, so parsing cost never shifts a timestamp. Over
+``agentload.replay.netstamp.StampedTransport`` the stamps come from the transport's read
+callback instead: the kernel's receive time of the read (the arrival time used, where the
+kernel gives one) and the Python time the loop served the socket; their difference per
+token chunk is kept as the client's own error (``chunk_user_ns``), and token events per
+read (> 1 means the client is behind) are counted for the self-diagnostics. A
 "token chunk" is any event whose choice carries text, reasoning or token ids; the
 trailing usage-only event is not one. Errors (HTTP status, transport, timeout, an
 ``error`` event mid-stream) are returned in the result, never raised: one failed
@@ -18,6 +23,8 @@ from typing import Any, Literal
 
 import httpx
 import orjson
+
+from agentload.replay.netstamp import stamps_of
 
 # How a request failed; the summary counts each kind.
 ErrorKind = Literal["refused", "connect_timeout", "http_4xx", "http_5xx", "stall", "timeout",
@@ -49,6 +56,15 @@ class StreamResult:
     chunk_tokens: list[int] = field(default_factory=list, repr=False)
     # The generated token ids, when asked for (``return_token_ids``).
     output_ids: list[int] | None = field(default=None, repr=False)
+    # Python stamps of the token chunks when ``chunk_ns`` holds kernel receive stamps.
+    chunk_user_ns: list[int] | None = field(default=None, repr=False)
+    # The emulator's emission stamp (``t_emit_ns``) of each token chunk, when asked for.
+    chunk_emit_ns: list[int] | None = field(default=None, repr=False)
+    # Reads that carried at least one token event, those that carried more than one,
+    # and the most in one read (> 1 means events waited: the client was behind).
+    reads: int = 0
+    multi_event_reads: int = 0
+    max_events_per_read: int = 0
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         self.error_kind, self.error = kind, message
@@ -79,6 +95,7 @@ async def stream_completion(
     total_timeout_s: float | None = None,
     on_first_token: Callable[[], None] | None = None,
     collect_token_ids: bool = False,
+    collect_emit_ns: bool = False,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
 
@@ -86,13 +103,16 @@ async def stream_completion(
     moment it is due instead of on the send path. The client's read timeout bounds the
     gap between chunks (a stall); ``total_timeout_s`` bounds the whole request.
     ``on_first_token`` runs once, when the first token arrives (the prompt is computed).
+    ``collect_emit_ns`` keeps each token event's ``t_emit_ns`` (the loopback emulator's
+    emission stamp), parsed after the stamp, for the client benchmark.
     """
     payload = body if isinstance(body, bytes) else orjson.dumps(body)
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)
     result = StreamResult(sent_ns=time.perf_counter_ns(), on_first_token=on_first_token,
-                          output_ids=[] if collect_token_ids else None)
+                          output_ids=[] if collect_token_ids else None,
+                          chunk_emit_ns=[] if collect_emit_ns else None)
     try:
         async with asyncio.timeout(total_timeout_s):
             await _follow(client, url, payload, hdrs, result)
@@ -130,18 +150,42 @@ async def _follow(client: httpx.AsyncClient, url: str, payload: bytes, hdrs: dic
                         f"HTTP {resp.status_code}: {_short(text)}")
             return
         buffer = b""
+        stamps = stamps_of(resp)
+        user: int | None = None
         async for raw in resp.aiter_raw():
-            now = time.perf_counter_ns()
+            if stamps is None:
+                now = time.perf_counter_ns()
+            else:
+                # The transport's stamps of the read these bytes came from.
+                user = stamps.user_ns
+                now = stamps.kernel_ns if stamps.kernel_ns is not None else user
+                if stamps.kernel_ns is not None and result.chunk_user_ns is None:
+                    result.chunk_user_ns = []
             buffer += raw
             if b"\n\n" not in buffer:
                 continue
             *events, buffer = buffer.split(b"\n\n")
+            before = result.chunks
             for event in events:
                 _handle_event(event, now, result)
+            got = result.chunks - before
+            if got:
+                result.reads += 1
+                if got > 1:
+                    result.multi_event_reads += 1
+                    if got > result.max_events_per_read:
+                        result.max_events_per_read = got
+                elif not result.max_events_per_read:
+                    result.max_events_per_read = 1
+                if result.chunk_user_ns is not None and user is not None:
+                    result.chunk_user_ns.extend([user] * got)
             if result.error is not None:
                 return
         if buffer.strip():
+            before = result.chunks
             _handle_event(buffer, time.perf_counter_ns(), result)
+            if result.chunk_user_ns is not None and result.chunks > before:
+                result.chunk_user_ns.append(result.chunk_ns[-1])
 
 
 def _refused(exc: BaseException) -> bool:
@@ -194,6 +238,8 @@ def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
             result.client_tokens += tokens
             result.chunk_ns.append(now)
             result.chunk_tokens.append(tokens)
+            if result.chunk_emit_ns is not None:
+                result.chunk_emit_ns.append(int(obj.get("t_emit_ns") or 0))
         usage = obj.get("usage")
         if usage:
             result.prompt_tokens = usage.get("prompt_tokens")

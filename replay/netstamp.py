@@ -1,0 +1,471 @@
+"""An httpx transport that stamps every socket read with the kernel's receive time.
+
+``StampedTransport`` keeps httpx's API (``httpx.AsyncClient(transport=...)``,
+``client.stream(...)``, ``aiter_raw()``) but replaces httpcore (whose pool rescans
+every connection on every request, and whose anyio layer costs tens of µs a read) with
+a small HTTP/1.1 client on plain asyncio:
+
+- one non-blocking socket per connection, ``TCP_NODELAY``, a large ``SO_RCVBUF`` and
+  ``SO_TIMESTAMPNS`` on; an O(1) pool of idle keep-alive connections per origin;
+- reads through a persistent ``loop.add_reader`` callback calling ``recvmsg``: the
+  callback takes ``time.perf_counter_ns()`` the instant the loop serves the socket
+  (the Python stamp) and the cmsg carries the kernel's receive time of the latest
+  segment read (``SCM_TIMESTAMPNS``, CLOCK_REALTIME, converted to CLOCK_MONOTONIC with
+  an offset sampled as the narrowest (perf, wall, perf) bracket, refreshed every second);
+- chunked and content-length bodies decoded in place; one ``aiter_raw`` item per read.
+
+The stamps of the read that produced the bytes just yielded are in
+``response.extensions["agentload_stamps"]`` (a ``ReadStamps``): ``user_ns`` and
+``kernel_ns`` (``None`` where the kernel gave none), and the read count. Their
+difference is the client's own error: time the bytes waited in the socket while the
+loop served other streams. When the client falls behind, one read drains several
+events and they share the stamp of the latest segment, so events per read > 1 is
+reported too (``agentload.replay.diagnostics``).
+
+Failures map onto httpx's exceptions as httpcore's would (``ConnectError``,
+``ConnectTimeout``, ``ReadTimeout``, ``RemoteProtocolError``, ``ReadError``), so the
+client's error classification is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)
+_TIMESPEC = struct.Struct("@qq")
+_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+READ_SIZE = 1 << 18
+RCVBUF = 8 << 20
+
+
+def realtime_offset_ns(samples: int = 7) -> int:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC (ns), from the narrowest of a few brackets."""
+    best_width, best = 1 << 62, 0
+    perf, wall = time.perf_counter_ns, time.time_ns
+    for _ in range(samples):
+        a = perf()
+        w = wall()
+        b = perf()
+        if b - a < best_width:
+            best_width, best = b - a, w - (a + b) // 2
+    return best
+
+
+class _Clock:
+    """The realtime->monotonic offset, re-sampled at most once a second."""
+
+    __slots__ = ("next_ns", "offset")
+
+    def __init__(self) -> None:
+        self.offset = realtime_offset_ns()
+        self.next_ns = time.perf_counter_ns() + 1_000_000_000
+
+    def refresh(self, now: int) -> None:
+        self.offset = realtime_offset_ns()
+        self.next_ns = now + 1_000_000_000
+
+
+_CLOCK = _Clock()
+
+
+@dataclass(slots=True)
+class ReadStamps:
+    """Stamps of the latest read of one response (ns, ``time.perf_counter_ns`` clock)."""
+
+    user_ns: int = 0
+    kernel_ns: int | None = None
+    reads: int = 0
+
+
+class _Conn:
+    """One HTTP/1.1 connection: a socket, its reader callback and a queue of reads."""
+
+    __slots__ = ("closed", "eof", "error", "kernel_ok", "key", "loop", "queue", "reading",
+                 "sock", "waiter")
+
+    def __init__(self, sock: socket.socket, key: tuple[str, int],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.sock, self.key, self.loop = sock, key, loop
+        self.queue: deque[tuple[bytes, int, int | None]] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.reading = False
+        self.eof = False
+        self.closed = False
+        self.error: OSError | None = None
+        self.kernel_ok = True
+
+    def start_reading(self) -> None:
+        if not self.reading and not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+            self.reading = True
+
+    def stop_reading(self) -> None:
+        if self.reading:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.sock.fileno())
+            self.reading = False
+
+    def _on_readable(self) -> None:
+        # Stamp first: this is the moment the loop served the socket.
+        user = time.perf_counter_ns()
+        try:
+            data, anc, _flags, _addr = self.sock.recvmsg(READ_SIZE, _CMSG_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.error = exc
+            self.eof = True
+            self.stop_reading()
+            self._wake()
+            return
+        if not data:
+            self.eof = True
+            self.stop_reading()
+            self._wake()
+            return
+        kernel = None
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS:
+                sec, nsec = _TIMESPEC.unpack_from(raw)
+                if user >= _CLOCK.next_ns:
+                    _CLOCK.refresh(user)
+                kernel = sec * 1_000_000_000 + nsec - _CLOCK.offset
+        self.queue.append((data, user, kernel))
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def read(self, timeout_s: float | None) -> tuple[bytes, int, int | None]:
+        """The next read's bytes and stamps; ``b""`` at end of stream."""
+        while not self.queue:
+            if self.error is not None:
+                raise httpx.ReadError(f"{self.error.strerror or self.error}")
+            if self.eof:
+                return b"", time.perf_counter_ns(), None
+            self.start_reading()
+            self.waiter = self.loop.create_future()
+            try:
+                if timeout_s is None:
+                    await self.waiter
+                else:
+                    async with asyncio.timeout(timeout_s):
+                        await self.waiter
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no bytes within {timeout_s:g} s") from None
+            finally:
+                self.waiter = None
+        return self.queue.popleft()
+
+    async def write(self, data: bytes, timeout_s: float | None) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.loop.sock_sendall(self.sock, data)
+        except TimeoutError:
+            raise httpx.WriteTimeout(f"write took more than {timeout_s} s") from None
+        except OSError as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+
+    def close(self) -> None:
+        if not self.closed:
+            self.stop_reading()
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def reusable(self) -> bool:
+        return not (self.closed or self.eof or self.error or self.queue)
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body, decoded (chunked or content-length) one read at a time."""
+
+    def __init__(self, transport: StampedTransport, conn: _Conn, first: bytes,
+                 chunked: bool, length: int | None, keep_alive: bool,
+                 stamps: ReadStamps, read_timeout: float | None) -> None:
+        self.t, self.conn, self.first = transport, conn, first
+        self.carry = b""  # a chunk-size line split across reads
+        self.chunked, self.left, self.keep_alive = chunked, length, keep_alive
+        self.stamps, self.read_timeout = stamps, read_timeout
+        self.done = False
+        self.chunk_left = 0  # payload bytes of the current chunk still to come
+        self.trailer = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self.conn
+        buf = self.first
+        self.first = b""
+        stamps = self.stamps
+        while not self.done:
+            if buf:
+                out = self._decode_chunked(buf) if self.chunked else self._decode_plain(buf)
+                buf = b""
+                if out:
+                    yield out
+                if self.done:
+                    break
+            data, user, kernel = await conn.read(self.read_timeout)
+            if not data:
+                if self.chunked or self.left is not None:
+                    raise httpx.RemoteProtocolError(
+                        "peer closed connection without sending complete message body")
+                self.done = True
+                self.keep_alive = False
+                break
+            stamps.user_ns, stamps.kernel_ns = user, kernel
+            stamps.reads += 1
+            buf = data
+        # Everything was read: the connection can serve the next request.
+        self._release()
+
+    def _decode_plain(self, data: bytes) -> bytes:
+        if self.left is None:
+            return data
+        if len(data) >= self.left:
+            out = data[: self.left]
+            self.left = 0
+            self.done = True
+            return out
+        self.left -= len(data)
+        return data
+
+    def _decode_chunked(self, data: bytes) -> bytes:
+        parts: list[bytes] = []
+        if self.carry:
+            data, self.carry = self.carry + data, b""
+        pos, n = 0, len(data)
+        while pos < n:
+            if self.chunk_left > 0:
+                take = min(self.chunk_left, n - pos)
+                parts.append(data[pos:pos + take])
+                pos += take
+                self.chunk_left -= take
+                if self.chunk_left == 0:
+                    self.chunk_left = -2  # the CRLF after the payload
+                continue
+            if self.chunk_left < 0:
+                # Skip the payload's CRLF (possibly split across reads).
+                take = min(-self.chunk_left, n - pos)
+                pos += take
+                self.chunk_left += take
+                continue
+            end = data.find(b"\r\n", pos)
+            if end < 0:
+                # A size line split across reads: keep it for the next read.
+                self.carry = data[pos:]
+                break
+            line = data[pos:end]
+            pos = end + 2
+            if self.trailer:
+                if not line:
+                    self.done = True
+                    break
+                continue
+            try:
+                size = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size line {line[:40]!r}") from None
+            if size == 0:
+                self.trailer = True
+                continue
+            self.chunk_left = size
+        return b"".join(parts)
+
+    def _release(self) -> None:
+        if self.conn.closed:
+            return
+        if self.done and self.keep_alive and self.conn.reusable():
+            self.t._put_idle(self.conn)
+        else:
+            self.conn.close()
+
+    async def aclose(self) -> None:
+        if not self.done:
+            self.conn.close()  # an unfinished body: the connection cannot be reused
+        elif not self.conn.closed and self.conn not in self.t._idle.get(self.conn.key, ()):
+            self._release()
+
+
+class StampedTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over plain asyncio sockets with kernel receive stamps on every read.
+
+    Only ``http://`` is supported (the loopback emulator and local vLLM servers); use
+    the aiohttp transport for TLS targets. Connection limits are not enforced: the
+    caller's lanes bound concurrency.
+    """
+
+    def __init__(self, connect_timeout_s: float | None = 10.0,
+                 kernel_stamps: bool = True) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.kernel_stamps = kernel_stamps
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._all: set[_Conn] = set()
+
+    def _put_idle(self, conn: _Conn) -> None:
+        conn.stop_reading()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    async def _connect(self, key: tuple[str, int], timeout_s: float | None) -> _Conn:
+        loop = asyncio.get_running_loop()
+        host, port = key
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        family, kind, proto, _, addr = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+            if self.kernel_stamps:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            async with asyncio.timeout(timeout_s):
+                await loop.sock_connect(sock, addr)
+        except TimeoutError:
+            sock.close()
+            raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from None
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.ECONNREFUSED:
+                raise httpx.ConnectError(f"[Errno {exc.errno}] Connect call failed "
+                                         f"{addr!r}: connection refused") from exc
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        conn = _Conn(sock, key, loop)
+        self._all.add(conn)
+        return conn
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            raise httpx.UnsupportedProtocol("StampedTransport speaks plain http:// only")
+        key = (url.host, url.port or 80)
+        timeouts = request.extensions.get("timeout", {})
+        connect_t = timeouts.get("connect", self.connect_timeout_s)
+        read_t = timeouts.get("read")
+        write_t = timeouts.get("write")
+        body = await request.aread()
+        head = [f"{request.method} {url.raw_path.decode('ascii')} HTTP/1.1"]
+        headers = request.headers
+        if "host" not in headers:
+            head.append(f"Host: {url.netloc.decode('ascii')}")
+        for name, value in headers.multi_items():
+            if name.lower() in ("transfer-encoding", "content-length"):
+                continue
+            head.append(f"{name}: {value}")
+        head.append(f"Content-Length: {len(body)}")
+        wire = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        for attempt in (0, 1):
+            idle = self._idle.get(key)
+            reused = bool(idle)
+            conn = idle.pop() if idle else await self._connect(key, connect_t)
+            try:
+                return await self._exchange(conn, wire, request, read_t, write_t)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                conn.close()
+                # A kept-alive connection the server had closed: retry once on a new one.
+                if reused and attempt == 0 and getattr(exc, "before_response", False):
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+        raise httpx.RemoteProtocolError("unreachable")  # pragma: no cover
+
+    async def _exchange(self, conn: _Conn, wire: bytes, request: httpx.Request,
+                        read_t: float | None, write_t: float | None) -> httpx.Response:
+        conn.start_reading()
+        await conn.write(wire, write_t)
+        buf = b""
+        stamps = ReadStamps()
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            data, user, kernel = await conn.read(read_t)
+            if not data:
+                exc = httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response." if not buf else
+                    "peer closed connection in the response head")
+                exc.before_response = not buf  # type: ignore[attr-defined]
+                raise exc
+            stamps.user_ns, stamps.kernel_ns = user, kernel
+            stamps.reads += 1
+            buf += data
+            if len(buf) > 1 << 20:
+                raise httpx.RemoteProtocolError("response head larger than 1 MiB")
+        lines = buf[:end].split(b"\r\n")
+        try:
+            _version, code, *_ = lines[0].split(b" ", 2)
+            status = int(code)
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"bad status line {lines[0][:60]!r}") from None
+        header_list: list[tuple[bytes, bytes]] = []
+        chunked, length, keep_alive = False, None, True
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name, value = name.strip(), value.strip()
+            header_list.append((name, value))
+            low = name.lower()
+            if low == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif low == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise httpx.RemoteProtocolError("bad content-length") from None
+            elif low == b"connection" and value.lower() == b"close":
+                keep_alive = False
+        if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            length = 0
+        if not chunked and length is None:
+            keep_alive = False  # the body runs to the end of the connection
+        rest = buf[end + 4:]
+        stream = _Body(self, conn, rest, chunked, length, keep_alive, stamps, read_t)
+        if length == 0 and not chunked:
+            stream.done = True
+            stream._release()
+        return httpx.Response(status, headers=header_list, stream=stream,
+                              extensions={"http_version": b"HTTP/1.1",
+                                          "agentload_stamps": stamps})
+
+    async def aclose(self) -> None:
+        for conn in list(self._all):
+            conn.close()
+        self._all.clear()
+        self._idle.clear()
+
+
+def stamps_of(response: httpx.Response) -> ReadStamps | None:
+    """The ``ReadStamps`` of a response from ``StampedTransport`` (else ``None``)."""
+    stamps = response.extensions.get("agentload_stamps")
+    return stamps if isinstance(stamps, ReadStamps) else None
+
+
+def kernel_stamps_work(host: str = "127.0.0.1") -> bool:
+    """Whether this kernel returns SO_TIMESTAMPNS on a loopback TCP socket."""
+    with socket.socket() as srv:
+        srv.bind((host, 0))
+        srv.listen(1)
+        with socket.create_connection(srv.getsockname()) as cli:
+            cli.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            peer, _ = srv.accept()
+            with peer:
+                peer.sendall(b"x")
+                cli.settimeout(2.0)
+                _, anc, _, _ = cli.recvmsg(16, _CMSG_SPACE)
+    return any(level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS
+               for level, kind, _ in anc)
