@@ -7,16 +7,22 @@ option maps to a field of ``ReplayOptions`` or an argument of ``run_replay``.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from agentload.replay.arms import arm_server_spec, check_gpu_count, load_arm, serve_argv
+from agentload.replay.compare import compare_arms, dry_run_lines, select_arms
+from agentload.replay.compare_report import write_comparison
 from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
 from agentload.replay.fit import FitOptions
+from agentload.replay.profile_window import parse_window
 from agentload.replay.run import (
     ProgressMode,
     RunResult,
@@ -27,7 +33,12 @@ from agentload.replay.run import (
     summary_lines,
     write_results,
 )
-from agentload.replay.server import ManagedServer, embedded_server_spec
+from agentload.replay.server import (
+    ManagedServer,
+    effective_config,
+    embedded_server_spec,
+    nsys_wrap,
+)
 from agentload.replay.tiny_model import ensure_tiny_model
 from agentload.traces import demo_trace_path
 
@@ -100,75 +111,106 @@ def _print_result(result: RunResult) -> None:
         raise typer.Exit(130)
 
 
+TraceFormat = Annotated[str, typer.Option(
+    "--format", "-f", help="Trace format: auto (native, or recognised from the first "
+    "record), native, weka, mooncake, dynamo, openai-messages.")]
+MaxRequests = Annotated[int | None, typer.Option(
+    "--max-requests", min=1, help="Send at most this many requests.")]
+TimeScale = Annotated[float, typer.Option(
+    "--time-scale", min=0.0, help="Multiply every pause by this (0 = no pauses).")]
+CacheSalt = Annotated[int | None, typer.Option(
+    "--cache-salt", help="Seed of the prompt token ids (default: fresh per run, so no "
+    "cache hits carry over from earlier runs).")]
+RequestTimeout = Annotated[float, typer.Option(
+    "--request-timeout", min=1.0, help="Seconds a request may take end to end.")]
+NoReport = Annotated[bool, typer.Option("--no-report", help="Skip report.md/html.")]
+ScaleTokens = Annotated[float, typer.Option(
+    "--scale-tokens", min=0.0, help="Multiply every prompt block and output length by "
+    "this (reuse is kept exactly), so long traces fit a small model.")]
+MaxContext = Annotated[int | None, typer.Option(
+    "--max-context", min=2, help="After scaling, cut prompts so ISL + OSL fit this many "
+    "tokens (leading blocks are kept).")]
+PauseCap = Annotated[float | None, typer.Option(
+    "--pause-cap", min=0.0, help="Cap every pause at this many seconds (before "
+    "--time-scale); recorded traces hold pauses of many minutes.")]
+OpenLoop = Annotated[bool, typer.Option(
+    "--open-loop", help="Start every session at its recorded arrival time (Mooncake-"
+    "style traces), however many are in flight; --users is then ignored.")]
+Recycle = Annotated[bool, typer.Option(
+    "--recycle", help="Steady state: each lane plays sessions one after another until "
+    "--duration / --max-requests; its first play starts part-way in (--start-range) "
+    "after a warmup, and every play gets its own cache salt.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the start points.")]
+StartRange = Annotated[str, typer.Option(
+    "--start-range", help="With --recycle: where initial plays start, as fractions of "
+    "the session's main turns (0:0 = from the beginning).")]
+Api = Annotated[str, typer.Option(
+    "--api", help="completions: token-id prompts, exact lengths (vLLM). chat: "
+    "/v1/chat/completions with deterministic text per block, for endpoints that take "
+    "only messages; ISL is then what the server counts.")]
+Outputs = Annotated[str, typer.Option(
+    "--outputs", help="canned: later prompts carry the trace's answer blocks. actual: "
+    "the model's own output token ids (return_token_ids) replace them, so the server "
+    "can reuse the KV it generated, as with a real agent.")]
+StallTimeout = Annotated[float, typer.Option(
+    "--stall-timeout", min=0.1, help="Seconds a stream may go without a byte before the "
+    "request counts as stalled.")]
+WarmupTurns = Annotated[int, typer.Option(
+    "--warmup-turns", min=0, help="With --recycle: main turns replayed as warmup "
+    "before a mid-session start (after one max_tokens=1 priming request).")]
+ArmRef = Annotated[str | None, typer.Option(
+    "--arm", help="FILE:NAME of a serving arm (see arms/*.toml): agentload starts that "
+    "server for the run and stops it after.")]
+NsysOut = Annotated[Path | None, typer.Option(
+    "--nsys", help="Run the started server under `nsys profile`, writing this "
+    ".nsys-rep (with --profile-window: only that window is captured).")]
+ProfileWindow = Annotated[str | None, typer.Option(
+    "--profile-window", help="START:END seconds into the replay: POST /start_profile "
+    "and /stop_profile to the server around that window.")]
+
+
 @app.command()
 def replay(
     trace: Annotated[Path, typer.Argument(
         help="Trace: native .jsonl / .parquet, or a foreign file or directory (see --format).")],
-    trace_format: Annotated[str, typer.Option(
-        "--format", "-f", help="Trace format: auto (native, or recognised from the first "
-        "record), native, weka, mooncake, dynamo, openai-messages.")] = "auto",
+    trace_format: TraceFormat = "auto",
     target: Annotated[str | None, typer.Option(
         "--target", "-t", help="Base URL of an OpenAI-compatible server, e.g. "
         "http://127.0.0.1:8000.")] = None,
     embedded: Annotated[bool, typer.Option(
         "--embedded", help="Start the embedded vLLM CPU server for this run.")] = False,
+    arm: ArmRef = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Run directory.")] = Path(
         "runs/replay"),
     users: Users = 4,
     duration: Duration = None,
-    max_requests: Annotated[int | None, typer.Option(
-        "--max-requests", min=1, help="Send at most this many requests.")] = None,
-    time_scale: Annotated[float, typer.Option(
-        "--time-scale", min=0.0, help="Multiply every pause by this (0 = no pauses).")] = 1.0,
+    max_requests: MaxRequests = None,
+    time_scale: TimeScale = 1.0,
     model: Annotated[str | None, typer.Option(
         "--model", help="Model name to request (default: the server's first model).")] = None,
     gpus: Annotated[int | None, typer.Option(
         "--gpus", min=1, help="GPUs behind the target, for throughput per GPU (default 1).")
     ] = None,
-    cache_salt: Annotated[int | None, typer.Option(
-        "--cache-salt", help="Seed of the prompt token ids (default: fresh per run, so no "
-        "cache hits carry over from earlier runs).")] = None,
-    request_timeout: Annotated[float, typer.Option(
-        "--request-timeout", min=1.0, help="Seconds a request may take end to end.")] = 600.0,
+    cache_salt: CacheSalt = None,
+    request_timeout: RequestTimeout = 600.0,
     api_key_env: Annotated[str, typer.Option(
         "--api-key-env", help="Environment variable holding the API key, if any.")
     ] = "OPENAI_API_KEY",
-    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.md/html.")] = False,
+    no_report: NoReport = False,
     headless: Headless = None,
-    scale_tokens: Annotated[float, typer.Option(
-        "--scale-tokens", min=0.0, help="Multiply every prompt block and output length by "
-        "this (reuse is kept exactly), so long traces fit a small model.")] = 1.0,
-    max_context: Annotated[int | None, typer.Option(
-        "--max-context", min=2, help="After scaling, cut prompts so ISL + OSL fit this many "
-        "tokens (leading blocks are kept).")] = None,
-    pause_cap: Annotated[float | None, typer.Option(
-        "--pause-cap", min=0.0, help="Cap every pause at this many seconds (before "
-        "--time-scale); recorded traces hold pauses of many minutes.")] = None,
-    open_loop: Annotated[bool, typer.Option(
-        "--open-loop", help="Start every session at its recorded arrival time (Mooncake-"
-        "style traces), however many are in flight; --users is then ignored.")] = False,
-    recycle: Annotated[bool, typer.Option(
-        "--recycle", help="Steady state: each lane plays sessions one after another until "
-        "--duration / --max-requests; its first play starts part-way in (--start-range) "
-        "after a warmup, and every play gets its own cache salt.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the start points.")] = 0,
-    start_range: Annotated[str, typer.Option(
-        "--start-range", help="With --recycle: where initial plays start, as fractions of "
-        "the session's main turns (0:0 = from the beginning).")] = "0.25:0.75",
-    api: Annotated[str, typer.Option(
-        "--api", help="completions: token-id prompts, exact lengths (vLLM). chat: "
-        "/v1/chat/completions with deterministic text per block, for endpoints that take "
-        "only messages; ISL is then what the server counts.")] = "completions",
-    outputs: Annotated[str, typer.Option(
-        "--outputs", help="canned: later prompts carry the trace's answer blocks. actual: "
-        "the model's own output token ids (return_token_ids) replace them, so the server "
-        "can reuse the KV it generated, as with a real agent.")] = "canned",
-    stall_timeout: Annotated[float, typer.Option(
-        "--stall-timeout", min=0.1, help="Seconds a stream may go without a byte before the "
-        "request counts as stalled.")] = 120.0,
-    warmup_turns: Annotated[int, typer.Option(
-        "--warmup-turns", min=0, help="With --recycle: main turns replayed as warmup "
-        "before a mid-session start (after one max_tokens=1 priming request).")] = 1,
+    scale_tokens: ScaleTokens = 1.0,
+    max_context: MaxContext = None,
+    pause_cap: PauseCap = None,
+    open_loop: OpenLoop = False,
+    recycle: Recycle = False,
+    seed: Seed = 0,
+    start_range: StartRange = "0.25:0.75",
+    api: Api = "completions",
+    outputs: Outputs = "canned",
+    stall_timeout: StallTimeout = 120.0,
+    warmup_turns: WarmupTurns = 1,
+    nsys: NsysOut = None,
+    profile_window: ProfileWindow = None,
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -181,6 +223,8 @@ def replay(
 
       agentload replay trace.jsonl --embedded --duration 60 -o runs/cpu
 
+      agentload replay trace.jsonl --arm arms/embedded-cpu.toml:no-prefix-cache -o runs/nopc
+
       agentload replay ../cc-traces/ --format weka --target http://gpu-node:8000 -o runs/weka
 
       agentload replay tests/data/weka --embedded --scale-tokens 0.12 --pause-cap 10 -o runs/w
@@ -189,6 +233,8 @@ def replay(
     """
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
+        arm=load_arm(arm) if arm is not None else None, nsys_output=nsys,
+        profile_window=parse_window(profile_window) if profile_window else None,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
                          warmup_turns, api, outputs),
@@ -202,18 +248,125 @@ def replay(
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (with journal.jsonl).")],
+    run_dirs: Annotated[list[Path], typer.Argument(
+        help="One run directory (with journal.jsonl), or several to compare (the first is "
+        "the baseline).")],
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="With several runs: where the comparison goes (default: "
+        "comparison/ beside the first run).")] = None,
 ) -> None:
-    """Rebuild requests.parquet, summary.json and the reports of a run from its journal.
+    """Rebuild a run's tables, summary.json and reports from its journal, or compare runs.
 
-    Use it on a run that was killed before it could write them (kill -9, power loss):
-    every request that had finished is in the journal.
+    With one RUN_DIR it works on a run that was killed before it could finish (kill -9,
+    power loss): every request that had finished is in the journal. With several, each is
+    read as it stands and report.md / report.html / comparison.json put them side by side,
+    with ratios to the first and each run's GPU count.
+
+    Examples:
+
+      agentload report runs/replay
+
+      agentload report runs/ab/prefix-cache runs/ab/no-prefix-cache -o runs/ab
     """
-    result = write_results(run_dir)
-    typer.echo(f"rebuilt {result.run_dir}")
-    for line in summary_lines(result.summary):
-        typer.echo(line)
-    typer.echo(f"report: {result.report_html}")
+    if len(run_dirs) == 1:
+        result = write_results(run_dirs[0])
+        typer.echo(f"rebuilt {result.run_dir}")
+        for line in summary_lines(result.summary):
+            typer.echo(line)
+        typer.echo(f"report: {result.report_html}")
+        return
+    out = output or run_dirs[0].parent / "comparison"
+    _, md, page = write_comparison(out, run_dirs)
+    typer.echo(f"comparison of {len(run_dirs)} runs written to {out}")
+    typer.echo(md.read_text())
+    typer.echo(f"report: {page}")
+
+
+@app.command()
+def compare(
+    arms: Annotated[Path, typer.Option(
+        "--arms", help="Arm file (TOML, one [arm.<name>] table per arm).")],
+    only: Annotated[str | None, typer.Option(
+        "--only", help="Comma-separated arm names, in order (the first is the baseline; "
+        "default: every arm of the file).")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace to replay against each arm (default: the bundled demo "
+        "trace).")] = None,
+    output: Annotated[Path, typer.Option(
+        "--output", "-o", help="Comparison directory: one run directory per arm, plus "
+        "report.html, report.md and comparison.json.")] = Path("runs/compare"),
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print each arm's server command line and launch nothing.")
+    ] = False,
+    allow_gpu_count_change: Annotated[bool, typer.Option(
+        "--allow-gpu-count-change", help="Compare arms of different GPU counts (every row "
+        "is then labelled with both counts).")] = False,
+    trace_format: TraceFormat = "auto",
+    users: Users = 4,
+    duration: Duration = None,
+    max_requests: MaxRequests = None,
+    time_scale: TimeScale = 1.0,
+    cache_salt: CacheSalt = None,
+    request_timeout: RequestTimeout = 600.0,
+    no_report: NoReport = False,
+    headless: Headless = None,
+    scale_tokens: ScaleTokens = 1.0,
+    max_context: MaxContext = None,
+    pause_cap: PauseCap = None,
+    open_loop: OpenLoop = False,
+    recycle: Recycle = False,
+    seed: Seed = 0,
+    start_range: StartRange = "0.25:0.75",
+    api: Api = "completions",
+    outputs: Outputs = "canned",
+    stall_timeout: StallTimeout = 120.0,
+    warmup_turns: WarmupTurns = 1,
+) -> None:
+    """Replay the same workload against each arm in turn and compare them.
+
+    Each arm's server is started, replayed against with the same trace, seed, users,
+    duration and prompts (one cache salt for all), and stopped before the next starts.
+    Arms must use the same GPU count unless --allow-gpu-count-change.
+
+    Examples:
+
+      agentload compare --arms arms/embedded-cpu.toml --only prefix-cache,no-prefix-cache \\
+          --users 4 --duration 60 -o runs/cpu-ab
+
+      agentload compare --arms arms/kimi-k3-gb300.toml --only tp8-auto,tp8-specialized \\
+          --trace agents.jsonl --users 32 --recycle --duration 900 -o runs/k3 --dry-run
+    """
+    chosen = select_arms(arms, [n.strip() for n in only.split(",") if n.strip()]
+                         if only else None)
+    if dry_run:
+        for line in dry_run_lines(chosen):
+            typer.echo(line)
+        return
+    options = _options(users, duration, max_requests, time_scale,
+                       cache_salt if cache_salt is not None else new_cache_salt(),
+                       request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
+                       warmup_turns, api, outputs)
+    result = compare_arms(
+        chosen, trace or demo_trace_path(), output,
+        allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,
+        report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
+        fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
+                       pause_cap_s=pause_cap),
+    )
+    for name, run in result.runs:
+        typer.echo(f"{name}: {run.run_dir}")
+        for line in summary_lines(run.summary):
+            typer.echo(line)
+    for name, reason in result.failed:
+        typer.echo(f"{name}: FAILED: {reason}")
+    if result.report_html is not None:
+        assert result.report_md is not None
+        typer.echo(result.report_md.read_text())
+        typer.echo(f"comparison report: {result.report_html}")
+    if result.interrupted:
+        raise typer.Exit(130)
+    if result.failed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -245,6 +398,7 @@ def demo(
 def serve(
     embedded: Annotated[bool, typer.Option(
         "--embedded", help="Serve the embedded tiny Llama on vLLM's CPU build.")] = False,
+    arm: ArmRef = None,
     port: Annotated[int | None, typer.Option(
         "--port", min=1, max=65535, help="Port (default: a free one).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -253,21 +407,57 @@ def serve(
     build_only: Annotated[bool, typer.Option(
         "--build-only", help="Only build the tiny model (into the cache) and print its path.")
     ] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the exact server command line and start nothing.")] = False,
+    node_rank: Annotated[int, typer.Option(
+        "--node-rank", min=0, help="For an arm spanning several nodes: this node's rank "
+        "(0 serves the API; others run headless workers).")] = 0,
+    nsys: NsysOut = None,
+    nsys_whole_run: Annotated[bool, typer.Option(
+        "--nsys-whole-run", help="With --nsys: record from process start (CUDA graphs are "
+        "captured at start-up, outside a /start_profile window).")] = False,
 ) -> None:
     """Start a server and keep it running until Ctrl-C.
 
-    Example: agentload serve --embedded --port 8000
+    Examples:
+
+      agentload serve --embedded --port 8000
+
+      agentload serve --arm arms/kimi-k3-gb300.toml:tp8-specialized --dry-run
+
+      agentload serve --arm arms/embedded-cpu.toml:no-prefix-cache --port 8001
     """
-    if not embedded:
-        raise ReplayError("serve needs --embedded (arm files for real vLLM deployments are "
-                          "not supported yet)")
+    if embedded == (arm is not None) and not build_only:
+        raise ReplayError("serve needs exactly one of --embedded or --arm FILE:NAME")
     if build_only:
         typer.echo(ensure_tiny_model())
         return
-    spec = embedded_server_spec(port=port, host=host)
+    if arm is not None:
+        chosen = load_arm(arm)
+        if dry_run:
+            argv = serve_argv(chosen, host, port or 8000,
+                              "<tiny-model-dir>" if chosen.embedded else None, node_rank)
+            env = " ".join(f"{k}={v}" for k, v in chosen.get("env", {}).items())
+            typer.echo((env + " " if env else "") + shlex.join(argv))
+            return
+        check_gpu_count(chosen)
+        spec = arm_server_spec(chosen, host, port)
+        if node_rank:
+            spec = replace(spec, argv=tuple(serve_argv(chosen, host, spec.port,
+                                                       node_rank=node_rank)))
+    else:
+        spec = embedded_server_spec(port=port, host=host)
+        if dry_run:
+            typer.echo(shlex.join(spec.argv))
+            return
+    if nsys is not None:
+        spec = nsys_wrap(spec, nsys, whole_run=nsys_whole_run)
     with ManagedServer(spec, log, progress=say_stderr) as server:
         typer.echo(f"serving {spec.served_model} at {spec.base_url} (pid {server.pid}, "
                    f"log {log}); Ctrl-C stops it")
+        config = effective_config(log)
+        if config.get("non_default_args"):
+            typer.echo(f"non-default args: {config['non_default_args']}")
         sys.stdout.flush()
         try:
             while server.running():

@@ -149,6 +149,7 @@ def summarize(
         "ttft_p90_s": _quantile(ok["ttft_s"], 0.9),
         "itl_p50_s": _quantile(ok["itl_s"], 0.5),
         "itl_p90_s": _quantile(ok["itl_s"], 0.9),
+        "e2el_p50_s": _quantile(ok["e2el_s"], 0.5),
         "e2el_p90_s": _quantile(ok["e2el_s"], 0.9),
         "decode_throughput_tok_s": (float((decoders["osl"] - 1).sum()) / decode_s
                                     if decode_s > 0 else None),
@@ -228,26 +229,33 @@ def bootstrap_ci(frame: pl.DataFrame, resamples: int = 1000, seed: int = 0,
     requests, which keeps that dependence inside each resample.
     """
     ok = with_request_metrics(frame.filter((pl.col("phase") == "measure") & pl.col("ok")))
-    keys = ("p50_interactivity_tok_s", "p90_interactivity_tok_s", "ttft_p90_s",
-            "e2e_norm_p90_interactivity_tok_s")
+    keys = ("p50_interactivity_tok_s", "p90_interactivity_tok_s", "ttft_p50_s", "ttft_p90_s",
+            "e2e_norm_p90_interactivity_tok_s", "e2el_p50_s", "e2el_p90_s")
     groups = [g for _, g in ok.group_by("session_id", maintain_order=True)]
     if len(groups) < 2:
         return dict.fromkeys(keys)
     itl = [g["itl_s"].drop_nulls().to_numpy() for g in groups]
     ttft = [g["ttft_s"].drop_nulls().to_numpy() for g in groups]
     e2e = [(g["e2el_s"] / g["osl"]).filter(g["osl"] > 0).to_numpy() for g in groups]
+    e2el = [g["e2el_s"].drop_nulls().to_numpy() for g in groups]
     rng = np.random.default_rng(seed)
     draws: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(resamples):
         pick = rng.integers(0, len(groups), size=len(groups))
-        i, t, e = (np.concatenate([parts[j] for j in pick]) for parts in (itl, ttft, e2e))
+        i, t, e, el = (np.concatenate([parts[j] for j in pick])
+                       for parts in (itl, ttft, e2e, e2el))
         if len(i) and len(t) and len(e):
             p50, p90 = np.percentile(i, [50, 90])
             draws["p50_interactivity_tok_s"].append(1 / p50 if p50 > 0 else np.nan)
             draws["p90_interactivity_tok_s"].append(1 / p90 if p90 > 0 else np.nan)
-            draws["ttft_p90_s"].append(float(np.percentile(t, 90)))
+            t50, t90 = np.percentile(t, [50, 90])
+            draws["ttft_p50_s"].append(float(t50))
+            draws["ttft_p90_s"].append(float(t90))
             e90 = float(np.percentile(e, 90))
             draws["e2e_norm_p90_interactivity_tok_s"].append(1 / e90 if e90 > 0 else np.nan)
+            l50, l90 = np.percentile(el, [50, 90])
+            draws["e2el_p50_s"].append(float(l50))
+            draws["e2el_p90_s"].append(float(l90))
     return {k: ([float(x) for x in np.nanpercentile(v, [2.5, 97.5])] if v else None)
             for k, v in draws.items()}
 

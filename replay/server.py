@@ -13,28 +13,25 @@ vLLM's CPU build serving the tiny local Llama from ``tiny_model``.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
 from agentload.replay.errors import ServerError
-from agentload.replay.tiny_model import (
-    DEFAULT_TINY_MODEL,
-    SERVED_MODEL_NAME,
-    TinyModelSpec,
-    ensure_tiny_model,
-)
 
 DEFAULT_HOST = "127.0.0.1"
 # vLLM's CPU KV blocks default to 128 tokens; agent traces hash 64-token blocks, and the
@@ -86,29 +83,21 @@ def check_port_free(host: str, port: int) -> None:
 def embedded_server_spec(
     port: int | None = None,
     host: str = DEFAULT_HOST,
-    model: TinyModelSpec = DEFAULT_TINY_MODEL,
-    cache_dir: Path | None = None,
     kv_cache_gib: float = 1.0,
     max_num_seqs: int = 64,
 ) -> ServerSpec:
     """The embedded CPU server: vLLM's CPU build serving the locally built tiny Llama."""
-    model_dir = ensure_tiny_model(model, cache_dir)
-    port = port if port is not None else free_port(host)
-    argv = (
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", "bfloat16",
-        "--max-model-len", str(EMBEDDED_MAX_MODEL_LEN),
-        "--block-size", str(EMBEDDED_BLOCK_SIZE),
-        "--max-num-seqs", str(max_num_seqs),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--uvicorn-log-level", "warning",
-    )
-    env = {
+    # The embedded server is the built-in embedded arm; arms builds on this module.
+    from agentload.replay.arms import Arm, arm_server_spec
+
+    arm = Arm("embedded", "built-in", {"embedded": True, "kv_cache_gib": kv_cache_gib,
+                                       "max_num_seqs": max_num_seqs})
+    return arm_server_spec(arm, host, port, label="embedded tiny Llama on vLLM CPU")
+
+
+def embedded_env(kv_cache_gib: float = 1.0) -> dict[str, str]:
+    """Environment of the embedded CPU server: its KV cache size, and nothing fetched."""
+    return {
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         # Nothing may be fetched: the model is local and usage reporting stays off.
         "HF_HUB_OFFLINE": "1",
@@ -117,11 +106,58 @@ def embedded_server_spec(
         "DO_NOT_TRACK": "1",
         "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
     }
-    return ServerSpec(
-        argv=argv, host=host, port=port, served_model=SERVED_MODEL_NAME,
-        label="embedded tiny Llama on vLLM CPU", env=env, gpus=1, device="cpu",
-        vocab_size=model.vocab_size,
-    )
+
+
+# vLLM's documented Nsight Systems set-up: follow the forked workers, trace CUDA graphs
+# node by node (so replayed kernels can be attributed), and record only between
+# cudaProfilerStart/Stop, which the server calls on POST /start_profile and /stop_profile.
+NSYS_FLAGS = ("--trace=cuda,nvtx,osrt", "--trace-fork-before-exec=true",
+              "--cuda-graph-trace=node")
+NSYS_WINDOW_FLAGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=repeat")
+
+
+def nsys_wrap(spec: ServerSpec, output: Path, whole_run: bool = False) -> ServerSpec:
+    """``spec`` run under ``nsys profile``, writing ``output`` (.nsys-rep).
+
+    By default only the profiling windows are captured (``/start_profile`` ..
+    ``/stop_profile``); vLLM captures its CUDA graphs at start-up, outside such a window,
+    so ``whole_run`` records from process start when graph nodes must be mapped to layers.
+    """
+    flags = [*NSYS_FLAGS] if whole_run else [*NSYS_FLAGS, *NSYS_WINDOW_FLAGS]
+    argv = ["nsys", "profile", "-o", str(output), "--force-overwrite=true", *flags,
+            *spec.argv]
+    if not whole_run:
+        argv += ["--profiler-config", '{"profiler":"cuda"}']
+    # vLLM's docs: with fork, nsys saw empty or partial profiles of the workers.
+    env = {**spec.env, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    return replace(spec, argv=tuple(argv), env=env, label=spec.label + " under nsys")
+
+
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+_ENGINE_CONFIG = re.compile(r"Initializing a .*engine \((v[^)]*)\) with config: (.*)$")
+
+
+def effective_config(log_path: Path) -> dict[str, Any]:
+    """What the server says it runs with, from its start-up log.
+
+    vLLM logs the arguments that differ from its defaults as a dict repr and its engine
+    configuration as one line; both are kept (the dict parsed where it is literal).
+    """
+    found: dict[str, Any] = {}
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        if (m := _NON_DEFAULT.search(line)) and "non_default_args" not in found:
+            try:
+                found["non_default_args"] = ast.literal_eval(m.group(1))
+            except (ValueError, SyntaxError):
+                found["non_default_args"] = m.group(1)
+        elif (m := _ENGINE_CONFIG.search(line)) and "engine_config" not in found:
+            found["engine_version"] = m.group(1)
+            found["engine_config"] = m.group(2)[:8000]
+    return found
 
 
 def _set_parent_death_signal() -> None:
