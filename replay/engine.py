@@ -31,6 +31,7 @@ import orjson
 from agentload.replay.cache_model import PrefixCacheModel, server_block_keys
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.journal import Journal, RequestRecord
+from agentload.replay.live import Header, LiveBoard
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
@@ -153,6 +154,10 @@ class ReplayEngine:
         # With recycling the run is bounded by time or a request count, not by the trace.
         planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
         self.total_requests = min(planned_total, options.max_requests or planned_total)
+        # The dashboard's view of the run: fed below, published by run.py (never awaited).
+        self.live = LiveBoard(Header(target.label, trace.name, target.gpus,
+                                     len(trace.sessions) if options.open_loop else options.users,
+                                     self.total_requests, options.duration_s))
 
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""
@@ -177,6 +182,7 @@ class ReplayEngine:
         finally:
             self._finished = True
         stop_reason = self._why_stopped()
+        self.live.finish(self.now_ns(), stop_reason)
         outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
                                 stop_reason, self.now_ns() / 1e9)
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
@@ -215,6 +221,8 @@ class ReplayEngine:
                 start_turn=play.start_turn, main_turns=main_turns(session),
                 requests=play.measured, warmup_requests=len(play.requests) - play.measured,
                 marker_block=play.marker.id if play.marker else None)
+            self.live.begin_play(self.now_ns(), lane, index, session.id, play.start_turn,
+                                 main_turns(session), len(play.requests) - play.measured)
             self._lanes_active += 1
             try:
                 await self._play(play)
@@ -236,10 +244,15 @@ class ReplayEngine:
 
         async def step(turn: int, planned: PlannedRequest) -> None:
             req = planned.request
+            live = self.live
             try:
                 ready_at: int | None = None
                 if planned.depends_on:
+                    live.transition(self.now_ns(), play.lane, req.id, req.agent_kind,
+                                    "waiting", planned.phase)
                     ready_at = max([await done[d] for d in planned.depends_on])
+                live.transition(self.now_ns(), play.lane, req.id, req.agent_kind, "pausing",
+                                planned.phase)
                 ready = self.now_ns() if ready_at is None else ready_at
                 intended = ready + int(req.pause_s * scale * 1e9)
                 if req.arrival_s is not None:
@@ -261,6 +274,8 @@ class ReplayEngine:
                     return
                 await self._send(play, turn, planned, intended, ready_at, payload, threads)
             finally:
+                live.transition(self.now_ns(), play.lane, req.id, req.agent_kind, "done",
+                                planned.phase)
                 if not done[req.id].done():
                     done[req.id].set_result(self.now_ns())
 
@@ -280,6 +295,7 @@ class ReplayEngine:
         if self._stop_reason is None:
             self._stop_reason = reason
             self.journal.write_event("stop", self.now_ns(), reason=reason)
+            self.live.stopping(self.now_ns(), reason)
 
     def _dispatch_closed(self, intended_ns: int) -> bool:
         if self._stop_reason is not None:
@@ -319,13 +335,22 @@ class ReplayEngine:
         else:
             self._warmup_sent += 1
         self._in_flight += 1
+        live = self.live
+
+        def first_token() -> None:
+            self.cache_model.cache(keys)
+            live.transition(self.now_ns(), play.lane, req.id, req.agent_kind, "decoding",
+                            planned.phase)
+
+        live.transition(self.now_ns(), play.lane, req.id, req.agent_kind, "prefilling",
+                        planned.phase)
         try:
             # The session header lets a recording proxy or a router group a user's turns.
             headers = {**self._auth, SESSION_HEADER: req.session_id}
             res = await stream_completion(
                 self.client, self._url, payload, headers=headers,
                 total_timeout_s=self.options.request_timeout_s,
-                on_first_token=lambda: self.cache_model.cache(keys),
+                on_first_token=first_token,
                 collect_token_ids=threads is not None)
         finally:
             self._in_flight -= 1
@@ -342,6 +367,8 @@ class ReplayEngine:
             self._refusals[play.lane] = self._refusals.get(play.lane, 0) + 1
             self.journal.write_event("backoff", self.now_ns(), lane=play.lane, s=backoff,
                                      reason=res.error)
+            live.event(self.now_ns(), "backoff", f"lane {play.lane} backs off {backoff:g} s: "
+                       f"{res.error}", "warn")
             await asyncio.sleep(backoff)
         else:
             self._refusals.pop(play.lane, None)
@@ -355,6 +382,7 @@ class ReplayEngine:
             self._failed += 1
         self.journal.write_request(rec, [t - self._t0_ns for t in res.chunk_ns],
                                    res.chunk_tokens)
+        live.finished(rec)
 
     def _record(self, play: Play, turn: int, planned: PlannedRequest, intended_ns: int,
                 ready_ns: int | None, res: StreamResult, theoretical: int) -> RequestRecord:

@@ -52,6 +52,7 @@ from agentload.replay.journal import (
     finalize,
     read_journal,
 )
+from agentload.replay.live import Viewer, open_viewer
 from agentload.replay.metrics import (
     DEFINITIONS,
     bootstrap_ci,
@@ -81,7 +82,8 @@ from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
 from agentload.traces.headers import PROBE_HEADER
 
 # live: one status line rewritten every second (a TTY); headless: a line every few seconds.
-ProgressMode = Literal["live", "headless", "none"]
+# dashboard: the Textual dashboard (agentload.tui) draws the run from published snapshots.
+ProgressMode = Literal["live", "headless", "none", "dashboard"]
 Say = Callable[[str], None]
 
 
@@ -282,6 +284,23 @@ async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -
     engine.stop(reason)
 
 
+async def _publish(engine: ReplayEngine, interval_s: float = 0.25) -> None:
+    """Publish the dashboard's snapshot four times a second; act on its stop request.
+
+    Building a snapshot is cheap and the dashboard only reads the published one, so the
+    requests' timing never waits on the display.
+    """
+    board = engine.live
+    try:
+        while True:
+            if board.stop_requested is not None:
+                engine.stop(board.stop_requested)
+            board.publish(engine.now_ns())
+            await asyncio.sleep(interval_s)
+    finally:
+        board.publish(engine.now_ns())
+
+
 async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
                          gpus: GpuSampler | None, interval_s: float = 1.0) -> None:
     """Journal the server's metrics (and local GPUs') every ``interval_s``."""
@@ -289,6 +308,7 @@ async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_u
         scrape = await prometheus.scrape(client, base_url)
         if scrape.ok:
             engine.journal.write_server_metrics(engine.now_ns(), scrape.values)
+        engine.live.server_sample(engine.now_ns(), scrape.values if scrape.ok else None)
         if gpus is not None:
             engine.journal.write_gpu(engine.now_ns(), gpus.sample())
         await asyncio.sleep(interval_s)
@@ -298,10 +318,14 @@ async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str
                   server: ManagedServer | None, progress: ProgressMode, say: Say,
                   interval_s: float, gpus: GpuSampler | None = None,
                   ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
+    if progress == "dashboard":
+        say = engine.live.say  # lines go to the dashboard's event log, not over its screen
     async with client:
         before = await prometheus.scrape(client, base_url)
         helpers = [asyncio.create_task(_sample_server(engine, client, base_url, gpus))]
-        if progress != "none":
+        if progress == "dashboard":
+            helpers.append(asyncio.create_task(_publish(engine)))
+        elif progress != "none":
             helpers.append(asyncio.create_task(_progress_loop(engine, progress, say,
                                                               interval_s)))
         if server is not None:
@@ -356,6 +380,7 @@ def run_replay(
     say: Say = say_stderr,
     trace_format: str = AUTO,
     fit: FitOptions | None = None,
+    viewer: Viewer | None = None,
 ) -> RunResult:
     """Replay ``trace`` against ``target_url`` (or a fresh embedded server) into ``run_dir``."""
     if embedded == (target_url is not None):
@@ -411,6 +436,10 @@ def run_replay(
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
             run["gpu_telemetry"] = gpu_note
             _write_json(run_dir / "run.json", run)
+            # The dashboard (given, or registered by agentload.tui) when one is wanted.
+            viewer = open_viewer(progress, viewer, engine.live)
+            if progress == "dashboard" and viewer is None:
+                progress = "live"
             try:
                 outcome, before, after = asyncio.run(_replay(
                     engine, client, target.base_url, server, progress, say,
@@ -418,6 +447,10 @@ def run_replay(
             except KeyboardInterrupt:
                 interrupted = True
                 say("interrupted: stopping, and writing what completed")
+            except BaseException:
+                if viewer is not None:
+                    viewer.close()  # give the terminal back before the error is shown
+                raise
             else:
                 server_hit = prometheus.prefix_cache_hit_rate(before, after)
                 run["server"]["metrics_delta"] = {
@@ -432,7 +465,12 @@ def run_replay(
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
     _write_json(run_dir / "run.json", run)
-    return write_results(run_dir, report=report)
+    result = write_results(run_dir, report=report)
+    if viewer is not None:
+        # The dashboard shows where the run went and stays until its user leaves.
+        viewer.finish(f"run written to {run_dir}"
+                      + (f"; report {result.report_html}" if result.report_html else ""))
+    return result
 
 
 def write_results(run_dir: Path, report: bool = True) -> RunResult:
