@@ -206,46 +206,54 @@ def _refused(exc: BaseException) -> bool:
 
 def _handle_event(event: bytes, now: int, result: StreamResult) -> None:
     """Apply one SSE event (stamped ``now``) to ``result``."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        # The usual event: one data line.
+        _handle_data(event[6:], now, result)
+        return
     for line in event.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == b"[DONE]":
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            result.fail("malformed",
-                        f"malformed SSE data: {_short(data.decode(errors='replace'))}")
-            return
-        if "error" in obj:
-            err = obj["error"]
-            msg = err.get("message") if isinstance(err, dict) else err
-            result.fail("server_error", f"server error mid-stream: {_short(str(msg))}")
-            return
-        choices = obj.get("choices") or ()
-        tokens = sum(_chunk_tokens(c) for c in choices)
-        if result.output_ids is not None:
-            for choice in choices:
-                result.output_ids.extend(choice.get("token_ids") or ())
-        if tokens:
-            if result.first_token_ns is None:
-                result.first_token_ns = now
-                if result.on_first_token is not None:
-                    result.on_first_token()
-            result.last_token_ns = now
-            result.chunks += 1
-            result.client_tokens += tokens
-            result.chunk_ns.append(now)
-            result.chunk_tokens.append(tokens)
-            if result.chunk_emit_ns is not None:
-                result.chunk_emit_ns.append(int(obj.get("t_emit_ns") or 0))
-        usage = obj.get("usage")
-        if usage:
-            result.prompt_tokens = usage.get("prompt_tokens")
-            result.completion_tokens = usage.get("completion_tokens")
-            details = usage.get("prompt_tokens_details") or {}
-            result.cached_tokens = details.get("cached_tokens")
+        if line.startswith(b"data:"):
+            _handle_data(line[5:].strip(), now, result)
+            if result.error is not None:
+                return
+
+
+def _handle_data(data: bytes, now: int, result: StreamResult) -> None:
+    if not data or data == b"[DONE]":
+        return
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        result.fail("malformed", f"malformed SSE data: {_short(data.decode(errors='replace'))}")
+        return
+    if "error" in obj:
+        err = obj["error"]
+        msg = err.get("message") if isinstance(err, dict) else err
+        result.fail("server_error", f"server error mid-stream: {_short(str(msg))}")
+        return
+    choices = obj.get("choices") or ()
+    tokens = _chunk_tokens(choices[0]) if len(choices) == 1 else sum(
+        _chunk_tokens(c) for c in choices)
+    if result.output_ids is not None:
+        for choice in choices:
+            result.output_ids.extend(choice.get("token_ids") or ())
+    if tokens:
+        if result.first_token_ns is None:
+            result.first_token_ns = now
+            if result.on_first_token is not None:
+                result.on_first_token()
+        result.last_token_ns = now
+        result.chunks += 1
+        result.client_tokens += tokens
+        result.chunk_ns.append(now)
+        result.chunk_tokens.append(tokens)
+        if result.chunk_emit_ns is not None:
+            result.chunk_emit_ns.append(int(obj.get("t_emit_ns") or 0))
+    usage = obj.get("usage")
+    if usage:
+        result.prompt_tokens = usage.get("prompt_tokens")
+        result.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        result.cached_tokens = details.get("cached_tokens")
 
 
 def _short(text: str, limit: int = 200) -> str:

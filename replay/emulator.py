@@ -468,7 +468,7 @@ class _Conn(asyncio.Protocol):
         elif path == "/v1/models":
             self._json({"object": "list", "data": [{
                 "id": cfg.model, "object": "model", "owned_by": "agentload-emulator",
-                "max_model_len": cfg.max_model_len}]})
+                "root": cfg.model, "max_model_len": cfg.max_model_len}]})
         elif path == "/tokenize":
             try:
                 req = orjson.loads(body)
@@ -541,11 +541,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spin-us", type=float, default=300.0)
     p.add_argument("--stats", default=None, help="Write the final stats JSON here on exit.")
     p.add_argument("--cpu", type=int, default=None, help="Pin to this CPU.")
+    p.add_argument("--nice", type=int, default=0,
+                   help="Scheduling priority change (negative: ahead of the client, so the "
+                        "schedule holds on a shared machine; needs privileges).")
     a = p.parse_args(argv)
     if a.itl_ms <= 0 or a.tokens_per_event < 1 or a.ttft_ms < 0:
         p.error("--itl-ms must be > 0, --ttft-ms >= 0, --tokens-per-event >= 1")
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
+    if a.nice:
+        with contextlib.suppress(OSError):
+            os.nice(a.nice)
     cfg = EmulatorConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                          jitter_ms=a.jitter_ms, tokens_per_event=a.tokens_per_event,
                          model=a.model, seed=a.seed, spin_us=a.spin_us)

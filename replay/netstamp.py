@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -91,14 +92,15 @@ class ReadStamps:
 class _Conn:
     """One HTTP/1.1 connection: a socket, its reader callback and a queue of reads."""
 
-    __slots__ = ("closed", "eof", "error", "kernel_ok", "key", "loop", "queue", "reading",
-                 "sock", "waiter")
+    __slots__ = ("closed", "deadline", "eof", "error", "kernel_ok", "key", "loop", "queue",
+                 "reading", "sock", "waiter")
 
     def __init__(self, sock: socket.socket, key: tuple[str, int],
                  loop: asyncio.AbstractEventLoop) -> None:
         self.sock, self.key, self.loop = sock, key, loop
         self.queue: deque[tuple[bytes, int, int | None]] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.deadline = 0  # perf_counter_ns by which the waiting read must get bytes
         self.reading = False
         self.eof = False
         self.closed = False
@@ -158,19 +160,27 @@ class _Conn:
                 return b"", time.perf_counter_ns(), None
             self.start_reading()
             self.waiter = self.loop.create_future()
+            # No timer per read (a loop timer costs more than the read itself): the
+            # transport's sweeper fails waiters whose deadline has passed.
+            self.deadline = (time.perf_counter_ns() + int(timeout_s * 1e9)
+                             if timeout_s is not None else 0)
             try:
-                if timeout_s is None:
-                    await self.waiter
-                else:
-                    async with asyncio.timeout(timeout_s):
-                        await self.waiter
-            except TimeoutError:
-                raise httpx.ReadTimeout(f"no bytes within {timeout_s:g} s") from None
+                await self.waiter
             finally:
                 self.waiter = None
+                self.deadline = 0
         return self.queue.popleft()
 
     async def write(self, data: bytes, timeout_s: float | None) -> None:
+        try:
+            sent = self.sock.send(data)  # a request fits the send buffer almost always
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        if sent == len(data):
+            return
+        data = data[sent:]
         try:
             async with asyncio.timeout(timeout_s):
                 await self.loop.sock_sendall(self.sock, data)
@@ -247,25 +257,25 @@ class _Body(httpx.AsyncByteStream):
         if self.carry:
             data, self.carry = self.carry + data, b""
         pos, n = 0, len(data)
+        find = data.find
         while pos < n:
-            if self.chunk_left > 0:
-                take = min(self.chunk_left, n - pos)
+            left = self.chunk_left
+            if left > 0:
+                take = left if left <= n - pos else n - pos
                 parts.append(data[pos:pos + take])
                 pos += take
-                self.chunk_left -= take
-                if self.chunk_left == 0:
-                    self.chunk_left = -2  # the CRLF after the payload
+                left -= take
+                self.chunk_left = left if left else -2  # then the payload's CRLF
                 continue
-            if self.chunk_left < 0:
+            if left < 0:
                 # Skip the payload's CRLF (possibly split across reads).
-                take = min(-self.chunk_left, n - pos)
+                take = -left if -left <= n - pos else n - pos
                 pos += take
-                self.chunk_left += take
+                self.chunk_left = left + take
                 continue
-            end = data.find(b"\r\n", pos)
+            end = find(b"\r\n", pos)
             if end < 0:
-                # A size line split across reads: keep it for the next read.
-                self.carry = data[pos:]
+                self.carry = data[pos:]  # a size line split across reads
                 break
             line = data[pos:end]
             pos = end + 2
@@ -275,14 +285,24 @@ class _Body(httpx.AsyncByteStream):
                     break
                 continue
             try:
-                size = int(line.split(b";", 1)[0], 16)
+                size = int(line, 16)
             except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size line {line[:40]!r}") from None
+                try:
+                    size = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(
+                        f"bad chunk size line {line[:40]!r}") from None
             if size == 0:
                 self.trailer = True
                 continue
-            self.chunk_left = size
-        return b"".join(parts)
+            stop = pos + size
+            if stop + 2 <= n:
+                # The usual case: the whole chunk and its CRLF are in this read.
+                parts.append(data[pos:stop])
+                pos = stop + 2
+            else:
+                self.chunk_left = size
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _release(self) -> None:
         if self.conn.closed:
@@ -313,6 +333,23 @@ class StampedTransport(httpx.AsyncBaseTransport):
         self.kernel_stamps = kernel_stamps
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._all: set[_Conn] = set()
+        self._resolved: dict[tuple[str, int], Any] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._sweep_s = 0.1
+
+    async def _sweep(self) -> None:
+        """Fail reads that waited past their deadline (the read timeout), a few times a second."""
+        while self._all:
+            await asyncio.sleep(self._sweep_s)
+            now = time.perf_counter_ns()
+            for conn in list(self._all):
+                if conn.closed:
+                    self._all.discard(conn)
+                    continue
+                w = conn.waiter
+                if w is not None and conn.deadline and now > conn.deadline and not w.done():
+                    w.set_exception(httpx.ReadTimeout("no bytes within the read timeout"))
+        self._sweeper = None
 
     def _put_idle(self, conn: _Conn) -> None:
         conn.stop_reading()
@@ -321,11 +358,14 @@ class StampedTransport(httpx.AsyncBaseTransport):
     async def _connect(self, key: tuple[str, int], timeout_s: float | None) -> _Conn:
         loop = asyncio.get_running_loop()
         host, port = key
-        try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise httpx.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        family, kind, proto, _, addr = infos[0]
+        resolved = self._resolved.get(key)
+        if resolved is None:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise httpx.ConnectError(f"cannot resolve {host}: {exc}") from exc
+            resolved = self._resolved[key] = infos[0]
+        family, kind, proto, _, addr = resolved
         sock = socket.socket(family, kind, proto)
         sock.setblocking(False)
         try:
@@ -346,6 +386,8 @@ class StampedTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
         conn = _Conn(sock, key, loop)
         self._all.add(conn)
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
         return conn
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -356,6 +398,8 @@ class StampedTransport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout", {})
         connect_t = timeouts.get("connect", self.connect_timeout_s)
         read_t = timeouts.get("read")
+        if read_t is not None:
+            self._sweep_s = min(self._sweep_s, max(read_t / 5, 0.005))
         write_t = timeouts.get("write")
         body = await request.aread()
         head = [f"{request.method} {url.raw_path.decode('ascii')} HTTP/1.1"]
@@ -447,6 +491,11 @@ class StampedTransport(httpx.AsyncBaseTransport):
             conn.close()
         self._all.clear()
         self._idle.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
 
 
 def stamps_of(response: httpx.Response) -> ReadStamps | None:

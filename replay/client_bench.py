@@ -1,0 +1,401 @@
+"""``agentload bench client``: is the client ever the bottleneck, and how true are its stamps?
+
+It starts the loopback emulator (test equipment, its own process), then against the same
+emulator and schedule, in one run: agentload's client (lanes sharded over worker
+processes, the stamped transport), ``vllm bench serve`` (``vllm.benchmarks.serve`` in a
+subprocess) and AIPerf where it is installed. For agentload it reports delivered vs
+offered token events/s, client CPU per event, the error of its stamps against the
+emulator's emission stamps (the recorded stamp, the kernel receive stamp and the Python
+stamp; p50/p99), events per read, event-loop lag, GC pauses and schedule lag, and the
+emulator's own CPU (a saturated emulator makes the run invalid). Delivered events/s is
+token events received / (last event - first send), for every tool alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from agentload.replay.emulator import EMULATOR_MODEL
+from agentload.replay.errors import ReplayError
+from agentload.replay.server import free_port
+from agentload.replay.workers import ShardResult, ShardSpec, run_shards, split
+
+VLLM_BENCH = ("import argparse, sys\n"
+              "from vllm.benchmarks.serve import add_cli_args, main\n"
+              "p = argparse.ArgumentParser()\n"
+              "add_cli_args(p)\n"
+              "main(p.parse_args(sys.argv[1:]))\n")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientBenchConfig:
+    """One client benchmark: the load (closed loop) and the emulator's schedule."""
+
+    streams: int = 1000
+    requests: int | None = None  # default: 4 per stream
+    max_tokens: int = 200
+    prompt_tokens: int = 16
+    workers: int = 2
+    ttft_ms: float = 50.0
+    itl_ms: float = 20.0
+    jitter_ms: float = 0.0
+    tokens_per_event: int = 1
+    vllm_bench: bool = True
+    aiperf: bool = True
+    gc_mode: str = "off"
+
+    @property
+    def total_requests(self) -> int:
+        return self.requests if self.requests is not None else 4 * self.streams
+
+    def request_s(self) -> float:
+        """How long one request lasts on the emulator's schedule (s)."""
+        events = -(-self.max_tokens // self.tokens_per_event)
+        # The first event comes at the first step at least TTFT after arrival.
+        return (self.ttft_ms + self.itl_ms * (events - 0.5)) / 1e3
+
+    def offered_events_per_s(self) -> float:
+        """Token events/s the emulator offers when every stream is always busy."""
+        events = -(-self.max_tokens // self.tokens_per_event)
+        return self.streams * events / self.request_s()
+
+
+def _q(values: np.ndarray, p: float) -> float | None:
+    # Linear interpolation between order statistics (numpy's default, stated).
+    return float(np.percentile(values, p)) if values.size else None
+
+
+def _ms(values: np.ndarray) -> dict[str, float | None]:
+    v = values / 1e6
+    return {"p50_ms": _q(v, 50), "p99_ms": _q(v, 99),
+            "max_ms": float(v.max()) if v.size else None}
+
+
+@contextlib.contextmanager
+def emulator(cfg: ClientBenchConfig, log: Path, cpu: int | None = None) -> Iterator[str]:
+    """Start the emulator in its own process; yield its base URL; stop it."""
+    port = free_port()
+    argv = [sys.executable, "-m", "agentload.replay.emulator", "--port", str(port),
+            "--ttft-ms", str(cfg.ttft_ms), "--itl-ms", str(cfg.itl_ms),
+            "--jitter-ms", str(cfg.jitter_ms), "--tokens-per-event", str(cfg.tokens_per_event),
+            "--nice", "-10"]
+    if cpu is not None:
+        argv += ["--cpu", str(cpu)]
+    with log.open("w") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise ReplayError(f"the emulator exited at start: {log.read_text()[-500:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise ReplayError("the emulator did not answer /health within 30 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def emulator_stats(url: str, reset: bool = False) -> dict[str, Any]:
+    got: dict[str, Any] = httpx.get(url + "/_emulator/stats", timeout=10).json()
+    if reset:
+        httpx.get(url + "/_emulator/reset", timeout=10)
+    return got
+
+
+def window_rate(times_ns: np.ndarray, first_ns: int, last_ns: int) -> float:
+    """Events/s inside the middle half of [first, last]: the steady part of a run."""
+    a = first_ns + (last_ns - first_ns) // 4
+    b = last_ns - (last_ns - first_ns) // 4
+    inside = int(((times_ns >= a) & (times_ns < b)).sum())
+    return inside / max((b - a) / 1e9, 1e-9)
+
+
+def merge(results: list[ShardResult]) -> dict[str, Any]:
+    """The shards' raw samples concatenated, and the figures computed from them exactly."""
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([np.frombuffer(getattr(r, name), dtype=np.int64)
+                               for r in results]) if results else np.zeros(0, np.int64)
+
+    event, user, emit = cat("event_ns"), cat("user_ns"), cat("emit_ns")
+    events = int(event.size)
+    first = min(r.first_send_ns for r in results)
+    last = max(r.last_event_ns for r in results)
+    duration = max((last - first) / 1e9, 1e-9)
+    cpu = sum(r.cpu_s for r in results)
+    reads = sum(r.reads for r in results)
+    multi = sum(r.multi_event_reads for r in results)
+    kernel = all(r.kernel_stamps for r in results)
+    has_emit = emit.size == events and events > 0 and bool((emit > 0).all())
+    err: dict[str, Any] = {}
+    steady_err: dict[str, Any] = {}
+    a, b = first + (last - first) // 4, last - (last - first) // 4
+    mid = (event >= a) & (event < b)
+    if has_emit:
+        for into, sel in ((err, slice(None)), (steady_err, mid)):
+            into["recorded_minus_emit"] = _ms((event - emit)[sel])
+            into["python_minus_emit"] = _ms((user - emit)[sel])
+            if kernel:
+                into["kernel_minus_emit"] = _ms((event - emit)[sel])
+                into["python_minus_kernel"] = _ms((user - event)[sel])
+    ok = sum(r.ok for r in results)
+    failed = sum(r.failed for r in results)
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, v in r.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    return {
+        "workers": len(results),
+        "loop": results[0].loop if results else None,
+        "kernel_stamps": kernel,
+        "requests_ok": ok,
+        "requests_failed": failed,
+        "errors": errors,
+        "events": events,
+        "duration_s": duration,
+        "events_per_s": window_rate(event, first, last),
+        "events_per_s_overall": events / duration,
+        "cpu_s": cpu,
+        "cpu_cores": cpu / duration,
+        "cpu_per_event_us": (cpu / events * 1e6) if events else None,
+        "timestamp_error": steady_err,
+        "timestamp_error_whole_run": err,
+        "p99_timestamp_error_ms": (steady_err.get("recorded_minus_emit") or {}).get("p99_ms"),
+        "p99_timestamp_error_whole_run_ms": (err.get("recorded_minus_emit") or {}).get("p99_ms"),
+        "events_per_read": (events / reads) if reads else None,
+        "multi_event_read_share": (multi / reads) if reads else None,
+        "max_events_per_read": max((r.max_events_per_read for r in results), default=0),
+        "loop_lag": _ms(cat("loop_lag_ns")),
+        "schedule_lag": _ms(cat("schedule_lag_ns")),
+        "ttft": _ms(cat("ttft_ns")),
+        "gc_collections": sum(r.gc_collections for r in results),
+        "gc_max_pause_ms": max((r.gc_max_pause_ns for r in results), default=0) / 1e6,
+    }
+
+
+def run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
+    lanes = split(cfg.streams, cfg.workers)
+    requests = split(cfg.total_requests, cfg.workers)
+    specs = [ShardSpec(i, cfg.workers, url, lanes[i], requests[i], max_tokens=cfg.max_tokens,
+                       prompt_tokens=cfg.prompt_tokens, stagger_s=cfg.request_s(),
+                       gc_mode="on" if cfg.gc_mode == "on" else "off")
+             for i in range(cfg.workers) if lanes[i]]
+    return merge(run_shards(specs, EMULATOR_MODEL))
+
+
+def vllm_bench_available() -> str | None:
+    """Why ``vllm bench serve`` cannot run here, or ``None`` when it can."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("vllm.benchmarks.serve") is None:
+            return "vllm is not installed (vllm.benchmarks.serve not found)"
+    except (ImportError, ValueError) as exc:
+        return f"vllm is not importable: {exc}"
+    return None
+
+
+def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: Path,
+                   model: str = EMULATOR_MODEL, num_prompts: int | None = None,
+                   input_len: int | None = None, output_len: int | None = None,
+                   concurrency: int | None = None, request_rate: float | None = None,
+                   timeout_s: float = 1800.0) -> dict[str, Any]:
+    """``vllm bench serve`` (random prompts, ignore_eos) against ``url``; its figures."""
+    why = vllm_bench_available()
+    if why is not None:
+        return {"ran": False, "reason": why}
+    name = f"vllm-{time.monotonic_ns()}.json"
+    argv = [sys.executable, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(input_len or cfg.prompt_tokens),
+            "--random-output-len", str(output_len or cfg.max_tokens),
+            "--random-range-ratio", "0", "--ignore-eos",
+            "--num-prompts", str(num_prompts or cfg.total_requests),
+            "--max-concurrency", str(concurrency or cfg.streams),
+            # Arrivals at the steady turnover rate (streams / request time), like
+            # agentload's staggered lanes; the concurrency cap keeps it closed loop.
+            "--request-rate", str(request_rate) if request_rate else "inf",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--save-detailed", "--result-dir", str(workdir),
+            "--result-filename", name, "--disable-tqdm", "--num-warmups", "0",
+            "--seed", str(time.monotonic_ns() % 100000)]
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+    log = workdir / (name + ".log")
+    with log.open("w") as fh:
+        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                              timeout=timeout_s, check=False)
+    path = workdir / name
+    if proc.returncode != 0 or not path.is_file():
+        return {"ran": False, "reason": f"vllm bench serve exited {proc.returncode}: "
+                                        f"{log.read_text()[-800:]}"}
+    data = json.loads(path.read_text())
+    ttfts = [t for t in data.get("ttfts", []) if t]
+    events = sum(len(itl) + 1 for itl, t in zip(data.get("itls", []), data.get("ttfts", []),
+                                                strict=False) if t)
+    duration = float(data["duration"])
+    # Each event's time, rebuilt from start + TTFT + cumulative ITLs (perf_counter s).
+    times = [np.cumsum([st + t, *itl]) for st, t, itl in zip(
+        data.get("start_times", []), data.get("ttfts", []), data.get("itls", []),
+        strict=False) if t]
+    steady = None
+    if times:
+        ns = (np.concatenate(times) * 1e9).astype(np.int64)
+        first = int(min(data["start_times"]) * 1e9)
+        steady = window_rate(ns, first, int(ns.max()))
+    return {"ran": True, "completed": data.get("completed"), "failed": data.get("failed"),
+            "duration_s": duration, "events": events,
+            "events_per_s": steady,
+            "events_per_s_overall": events / duration if duration else None,
+            "output_throughput_tok_s": data.get("output_throughput"),
+            "ttft_p50_ms": data.get("median_ttft_ms"), "ttft_p90_ms": data.get("p90_ttft_ms"),
+            "itl_p50_ms": data.get("median_itl_ms"), "itl_p90_ms": data.get("p90_itl_ms"),
+            "tpot_p50_ms": data.get("median_tpot_ms"), "tpot_p90_ms": data.get("p90_tpot_ms"),
+            "ttfts_s": ttfts, "itls_s": data.get("itls", []),
+            "output_lens": data.get("output_lens", [])}
+
+
+def aiperf_status() -> str | None:
+    """Why AIPerf cannot run here, or ``None`` when its CLI is installed."""
+    if shutil.which("aiperf") or Path(sys.executable).with_name("aiperf").is_file():
+        return None
+    return ("aiperf is not installed: aiperf 0.13.0 is on the registry but not light (it "
+            "pins textual~=5.3, orjson~=3.11.7 and pandas~=2.3 against this project's "
+            "textual==8.2.8 and orjson 3.13, and pulls dash, kubernetes, matplotlib, "
+            "transformers, datasets and optuna), so it is not installed into this venv")
+
+
+def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
+                     say: Any = None) -> dict[str, Any]:
+    """The whole benchmark: emulator up, every client in turn against it, figures."""
+    def note(line: str) -> None:
+        if say is not None:
+            say(line)
+
+    if cfg.workers < 1 or cfg.streams < 1:
+        raise ReplayError("--workers and --streams must be at least 1")
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="agentload-client-bench-")))
+        url = stack.enter_context(emulator(cfg, workdir / "emulator.log"))
+        note(f"emulator (test equipment) at {url}; offered "
+             f"{cfg.offered_events_per_s():,.0f} token events/s at {cfg.streams} streams")
+        emulator_stats(url, reset=True)
+        note(f"agentload: {cfg.workers} worker process(es), {cfg.total_requests} requests ...")
+        agent = run_agentload(url, cfg)
+        agent["emulator"] = emulator_stats(url, reset=True)
+        vllm: dict[str, Any] = {"ran": False, "reason": "not asked (--no-vllm-bench)"}
+        if cfg.vllm_bench:
+            from agentload.replay.tiny_model import ensure_tiny_model
+            note("vllm bench serve against the same emulator ...")
+            vllm = run_vllm_bench(url, cfg, workdir, ensure_tiny_model(),
+                                  request_rate=cfg.streams / cfg.request_s())
+            if vllm.get("ran"):
+                vllm["emulator"] = emulator_stats(url, reset=True)
+            for key in ("ttfts_s", "itls_s", "output_lens"):
+                vllm.pop(key, None)
+        why_not = aiperf_status() if cfg.aiperf else "not asked (--no-aiperf)"
+        aiperf: dict[str, Any] = {"ran": False, "reason": why_not or "not wired"}
+    ratio = ratio_overall = None
+    if vllm.get("ran") and vllm.get("events_per_s"):
+        ratio = agent["events_per_s"] / vllm["events_per_s"]
+        ratio_overall = agent["events_per_s_overall"] / vllm["events_per_s_overall"]
+    invalid = [f"{who}: emulator {s['verdict']}" for who, s in
+               (("agentload", agent["emulator"]), ("vllm bench", vllm.get("emulator") or {}))
+               if s.get("saturated")]
+    return {
+        "config": {"streams": cfg.streams, "requests": cfg.total_requests,
+                   "max_tokens": cfg.max_tokens, "workers": cfg.workers,
+                   "ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms,
+                   "tokens_per_event": cfg.tokens_per_event, "gc": cfg.gc_mode,
+                   "cpus": os.cpu_count()},
+        "offered_events_per_s": cfg.offered_events_per_s(),
+        "agentload": agent,
+        "vllm_bench": vllm,
+        "aiperf": aiperf,
+        "agentload_events_per_s": agent["events_per_s"],
+        "vllm_bench_events_per_s": vllm.get("events_per_s"),
+        "ratio_vs_vllm_bench": ratio,
+        "ratio_vs_vllm_bench_overall": ratio_overall,
+        "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
+        "aiperf_events_per_s": aiperf.get("events_per_s"),
+        "ratio_vs_aiperf": None,
+        "valid": not invalid,
+        "invalid_reasons": invalid,
+    }
+
+
+def report_lines(r: dict[str, Any]) -> list[str]:
+    """The console table of ``client_benchmark``'s result."""
+    a, v = r["agentload"], r["vllm_bench"]
+
+    def f(x: Any, spec: str = ",.0f") -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    c = r["config"]
+    lines = [f"client benchmark: {c['streams']} streams, {c['requests']} requests x "
+             f"{c['max_tokens']} tokens, emulator TTFT {c['ttft_ms']:g} ms, ITL "
+             f"{c['itl_ms']:g} ms, {c['tokens_per_event']} token(s)/event; "
+             f"{c['cpus']} CPUs (shared)",
+             f"  offered token events/s          {f(r['offered_events_per_s'])}",
+             "  token events/s delivered: steady (middle half of the run) / whole run",
+             f"  agentload                       {f(a['events_per_s'])} / "
+             f"{f(a['events_per_s_overall'])}  ({a['workers']} workers, {a['loop']}, "
+             f"{a['requests_ok']} ok, {a['requests_failed']} failed)",
+             f"  vllm bench serve                {f(v.get('events_per_s'))} / "
+             f"{f(v.get('events_per_s_overall'))}"
+             + ("" if v.get("ran") else f"  (not run: {v.get('reason', '')[:160]})"),
+             f"  ratio agentload / vllm bench    {f(r['ratio_vs_vllm_bench'], '.2f')} / "
+             f"{f(r['ratio_vs_vllm_bench_overall'], '.2f')}",
+             "  AIPerf                          "
+             + (f"{f(r['aiperf_events_per_s'])}" if r["aiperf"].get("ran")
+                else f"not run: {r['aiperf'].get('reason', '')[:200]}"),
+             f"  agentload CPU per event         {f(a['cpu_per_event_us'], '.1f')} us "
+             f"({f(a['cpu_cores'], '.2f')} cores)"]
+    lines.append("  stamp error vs emission (steady half; whole-run p99 in brackets)")
+    for name, e in a["timestamp_error"].items():
+        whole = a["timestamp_error_whole_run"][name]
+        lines.append(f"  {name.replace('_', ' '):<32}p50 {f(e['p50_ms'], '.3f')} ms, "
+                     f"p99 {f(e['p99_ms'], '.3f')} ms, max {f(e['max_ms'], '.3f')} ms "
+                     f"[{f(whole['p99_ms'], '.3f')}]")
+    lines += [
+        f"  events per read                 {f(a['events_per_read'], '.3f')} "
+        f"(reads with > 1: {f(a['multi_event_read_share'], '.1%')}, max "
+        f"{a['max_events_per_read']})",
+        f"  event-loop lag                  p50 {f(a['loop_lag']['p50_ms'], '.3f')} ms, "
+        f"p99 {f(a['loop_lag']['p99_ms'], '.3f')} ms",
+        f"  schedule lag                    p99 {f(a['schedule_lag']['p99_ms'], '.3f')} ms",
+        f"  GC                              {a['gc_collections']} collections, max pause "
+        f"{a['gc_max_pause_ms']:.2f} ms",
+        f"  emulator CPU                    agentload run max "
+        f"{f(a['emulator'].get('cpu_max'), '.0%')}, vllm run max "
+        f"{f((v.get('emulator') or {}).get('cpu_max'), '.0%')}; step lag p99 "
+        f"{f(a['emulator'].get('step_lag_p99_ms'), '.3f')} ms",
+        "  verdict                         " + ("valid" if r["valid"] else
+                                                "INVALID: " + "; ".join(r["invalid_reasons"])),
+    ]
+    return lines
