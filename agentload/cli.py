@@ -21,6 +21,9 @@ from agentload.traces.bench import import_speed
 from agentload.traces.cli import app as traces_app
 from agentload.traces.record import record_command
 from agentload.traces.record_bench import bench_proxy_command
+from agentload.tui.bench import dashboard_bench
+from agentload.tui.cli import dashboard as dashboard_command
+from agentload.tui.cli import register as register_dashboard
 
 app = typer.Typer(
     name="agentload",
@@ -31,6 +34,9 @@ app = typer.Typer(
 app.add_typer(replay_app)  # serve, replay, demo at the top level
 app.add_typer(traces_app, name="traces")
 app.command("record")(record_command)
+app.command("dashboard")(dashboard_command)
+# Replays on a terminal open the dashboard (agentload.tui), which replay cannot import.
+register_dashboard()
 
 # Benchmarks from every room, under one roof: ``agentload bench NAME``.
 bench_app = typer.Typer(no_args_is_help=True,
@@ -39,6 +45,7 @@ app.add_typer(bench_app, name="bench")
 bench_app.command("proxy")(bench_proxy_command)
 bench_app.command("import")(import_speed)
 bench_app.command("replay")(replay_fidelity)
+bench_app.command("dashboard")(dashboard_bench)
 
 
 def _version(value: bool) -> None:

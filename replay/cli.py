@@ -22,6 +22,7 @@ from agentload.replay.compare_report import write_comparison
 from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
 from agentload.replay.fit import FitOptions
+from agentload.replay.live import dashboard_factory
 from agentload.replay.profile_window import parse_window
 from agentload.replay.run import (
     ProgressMode,
@@ -50,8 +51,9 @@ Duration = Annotated[float | None, typer.Option(
     "--duration", min=0.0, help="Stop sending new requests after this many seconds.")]
 Headless = Annotated[bool | None, typer.Option(
     "--headless/--no-headless",
-    help="Plain progress lines every 5 s instead of a live status line (the default when "
-    "stdout is not a TTY).")]
+    help="Plain progress lines every 5 s (requests done/total, users active, P90 "
+    "interactivity, errors, ETA) instead of the dashboard; the default when stdout is not "
+    "a terminal.")]
 
 
 def _options(users: int, duration: float | None, max_requests: int | None, time_scale: float,
@@ -92,10 +94,17 @@ def _start_range(text: str) -> tuple[float, float]:
     return low, high
 
 
-def _progress_mode(headless: bool | None) -> ProgressMode:
+def _progress_mode(headless: bool | None, dashboard: bool = True) -> ProgressMode:
+    """Progress lines when headless; on a terminal the dashboard (when agentload.tui is
+    installed and registered) or else a one-line live status."""
     if headless is None:
         headless = not sys.stdout.isatty()
-    return "headless" if headless else "live"
+    if headless:
+        return "headless"
+    if dashboard and sys.stdout.isatty() and sys.stdin.isatty() and (
+            dashboard_factory() is not None):
+        return "dashboard"
+    return "live"
 
 
 def _print_result(result: RunResult) -> None:
@@ -349,7 +358,8 @@ def compare(
     result = compare_arms(
         chosen, trace or demo_trace_path(), output,
         allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,
-        report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
+        report=not no_report, progress=_progress_mode(headless, dashboard=False),
+        trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
                        pause_cap_s=pause_cap),
     )

@@ -833,7 +833,7 @@ class JournalPlayback:
     live = False
 
     def __init__(self, run_dir: Path, speed: float = 1.0, clock: Callable[[], float]
-                 = time.monotonic) -> None:
+                 = time.monotonic, start_s: float = 0.0) -> None:
         run_dir = Path(run_dir)
         self.path = run_dir / JOURNAL_NAME
         if not self.path.is_file():
@@ -854,7 +854,7 @@ class JournalPlayback:
         self._plays: dict[tuple[int, int], int] = {}
         self._max_t = 0
         self._ended = False
-        self._virtual_ns = 0.0
+        self._virtual_ns = start_s * 1e9
         self._wall = clock()
         self._paused = False
         run_json = run_dir / "run.json"

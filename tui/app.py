@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
-from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Vertical
@@ -226,6 +225,8 @@ class DashboardApp(App[None]):
         """Snapshots drawn (a pull that returns the same snapshot draws nothing)."""
         self.apply_s = 0.0
         """Seconds spent drawing snapshots into the panels."""
+        self.pull_times: list[float] = []
+        """``time.monotonic()`` of every pull (the benchmark counts them per second)."""
         self.exit_when_gone = False
         """Leave when the source says its replay process is gone (the child process)."""
         self._timer: Timer | None = None
@@ -263,6 +264,7 @@ class DashboardApp(App[None]):
         if self.paused:
             return
         self.pulls += 1
+        self.pull_times.append(time.monotonic())
         snap = self.source.snapshot()
         if snap is None or (self.snapshot is not None and snap.seq == self.snapshot.seq
                             and snap.note == self.snapshot.note):
@@ -333,5 +335,7 @@ class DashboardApp(App[None]):
 
         self.push_screen(ConfirmStop(id="confirm"), answered)
 
-    def status_text(self) -> Text:  # pragma: no cover - handy in a debugger
-        return Text(str(self.snapshot))
+    def stats(self) -> dict[str, object]:
+        """What the benchmark reads: pulls, draws and drawing time."""
+        return {"pulls": self.pulls, "applied": self.applied, "apply_s": self.apply_s,
+                "pull_times": self.pull_times}

@@ -8,6 +8,7 @@ imported only when a dashboard is actually shown.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +37,11 @@ def dashboard(
                                          help="Playback speed (2 = twice as fast).")] = 1.0,
     refresh: Annotated[float, typer.Option("--refresh", min=0.5, max=20.0,
                                            help="Display refreshes per second.")] = 4.0,
+    start: Annotated[float, typer.Option("--start", min=0.0,
+                                         help="Start this many seconds into the run.")] = 0.0,
+    stats: Annotated[Path | None, typer.Option("--stats", hidden=True,
+                                               help="Write refresh statistics here on exit "
+                                               "(agentload bench dashboard).")] = None,
 ) -> None:
     """Play back a recorded run on the dashboard, at --speed times real time.
 
@@ -50,8 +56,11 @@ def dashboard(
         raise ReplayError("the dashboard needs Textual: pip install 'textual==8.2.8'")
     from agentload.tui.app import DashboardApp
 
-    source = live.JournalPlayback(run_dir, speed=speed)
+    source = live.JournalPlayback(run_dir, speed=speed, start_s=start)
+    app = DashboardApp(source, refresh_hz=refresh)
     try:
-        DashboardApp(source, refresh_hz=refresh).run()
+        app.run()
     finally:
         source.close()
+        if stats is not None:
+            stats.write_text(json.dumps(app.stats()))
