@@ -11,7 +11,7 @@ STAMP := $(VENV)/.agentload-installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint clean
+.PHONY: install browser demo test lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,19 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	@touch $@
 
-install: $(STAMP)
+install: $(STAMP) browser
 	$(AGENTLOAD) serve --embedded --build-only
+
+# The report tests open report.html in headless Chromium (Debian's package). Installed
+# when missing and apt-get can run; otherwise those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium for the report tests"; \
+	    apt-get update -qq >/dev/null 2>&1; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      chromium >/dev/null 2>&1 || echo "could not install chromium: browser tests will skip"; \
+	  else echo "no chromium and no root apt-get: browser tests will skip"; fi; }
 
 demo: install
 	$(AGENTLOAD) demo $(DEMO_ARGS)

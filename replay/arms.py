@@ -160,7 +160,8 @@ def load_arms(path: Path) -> dict[str, Arm]:
                         "[arm.<name>] tables)")
     tables = raw.get("arm", {})
     if not isinstance(tables, dict) or not tables:
-        raise ArmError(f"{path}: no arms; define at least one [arm.<name>] table")
+        raise ArmError(f"{path}: " + "; ".join(
+            [*problems, "no arms; define at least one [arm.<name>] table"]))
     for name, table in tables.items():
         if not isinstance(table, dict):
             problems.append(f"[arm.{name}] must be a table")

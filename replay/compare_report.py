@@ -33,6 +33,9 @@ from agentload.replay.report import (
     warnings,
 )
 
+# Metrics without a bootstrap interval (throughputs, ITL P50) are called equal within this.
+NO_INTERVAL_BAND = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class LoadedRun:
@@ -78,6 +81,8 @@ def _verdict(key: str, base: LoadedRun, other: LoadedRun) -> tuple[float | None,
     if ci_a and ci_b and None not in ci_a and None not in ci_b \
             and ci_a[0] <= ci_b[1] and ci_b[0] <= ci_a[1]:
         return ratio, "within noise (95 % intervals overlap)"
+    if not (ci_a and ci_b) and abs(ratio - 1) <= NO_INTERVAL_BAND:
+        return ratio, f"within {NO_INTERVAL_BAND:.0%} (no interval for this metric)"
     if key in HIGHER_IS_BETTER:
         return ratio, "better" if ratio > 1 else "worse" if ratio < 1 else "same"
     if key in LOWER_IS_BETTER:
@@ -111,13 +116,20 @@ def _explain(runs: Sequence[LoadedRun]) -> list[str]:
             if ratio is None or verdict not in ("better", "worse") or 0.8 < ratio < 1.25:
                 continue
             out.append(f"{other.label} vs {base.label}: {label} x{ratio:.2f} ({verdict})")
-        hit_a = base.summary.get("server_prefix_cache_hit_rate")
-        hit_b = other.summary.get("server_prefix_cache_hit_rate")
+        hit_a, hit_b = _cached_share(base), _cached_share(other)
         if hit_a is not None and hit_b is not None and abs(hit_a - hit_b) > 0.2:
-            out.append(f"the server's prefix-cache hit rate went from {hit_a:.0%} "
-                       f"({base.label}) to {hit_b:.0%} ({other.label}): prompt tokens that "
-                       "are not cached must be prefilled again, which is where TTFT goes")
+            out.append(f"the share of prompt tokens served from the prefix cache went from "
+                       f"{hit_a:.0%} ({base.label}) to {hit_b:.0%} ({other.label}): tokens "
+                       "that are not cached are prefilled again, and that time shows in TTFT")
     return out
+
+
+def _cached_share(run: LoadedRun) -> float | None:
+    """Share of prompt tokens the server reports as cached (its counter, else usage)."""
+    value = run.summary.get("server_prefix_cache_hit_rate")
+    if value is None:
+        value = run.summary.get("usage_cached_tokens_rate")
+    return float(value) if value is not None else None
 
 
 def _gpu_note(runs: Sequence[LoadedRun]) -> str | None:

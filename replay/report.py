@@ -34,12 +34,14 @@ HEADLINE = (
     ("throughput_per_gpu_tok_s", "Throughput per GPU", "tok/s/GPU"),
     ("server_prefix_cache_hit_rate", "Prefix-cache hit rate (server)", "%"),
     ("theoretical_prefix_cache_hit_rate", "Prefix-cache hit rate (theoretical)", "%"),
+    ("usage_cached_tokens_rate", "Cached prompt tokens (usage)", "%"),
     ("osl_exact_fraction", "Requests with exact OSL", "%"),
 )
 # Which way is better, for the comparison's verdict column.
 HIGHER_IS_BETTER = {"p90_interactivity_tok_s", "e2e_norm_p90_interactivity_tok_s",
                     "decode_throughput_tok_s", "output_throughput_tok_s",
-                    "throughput_per_gpu_tok_s", "server_prefix_cache_hit_rate"}
+                    "throughput_per_gpu_tok_s", "server_prefix_cache_hit_rate",
+                    "usage_cached_tokens_rate"}
 LOWER_IS_BETTER = {"ttft_p50_s", "ttft_p90_s", "itl_p50_s", "e2el_p50_s", "e2el_p90_s"}
 DEFINITIONS_EXTRA = {
     "ttft_p50_s": "P50(TTFT_i), linear interpolation",
@@ -74,7 +76,7 @@ def fmt(value: Any, unit: str = "") -> str:
 def fmt_ci(ci: Sequence[float] | None, unit: str) -> str:
     if not ci or len(ci) != 2 or ci[0] is None:
         return ""
-    return f"{fmt(ci[0], unit)} – {fmt(ci[1], unit)}"
+    return f"{fmt(ci[0], unit)} to {fmt(ci[1], unit)}"
 
 
 def md_escape(text: object) -> str:
