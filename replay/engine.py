@@ -30,6 +30,7 @@ import orjson
 
 from agentload.replay.cache_model import PrefixCacheModel, server_block_keys
 from agentload.replay.client import StreamResult, stream_completion
+from agentload.replay.diagnostics import ClientDiagnostics
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.live import Header, LiveBoard
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
@@ -81,6 +82,9 @@ class ReplayOptions:
     start_range: tuple[float, float] = (0.25, 0.75)
     warmup_turns: int = 1
     salt_tokens: int = 16
+    # "stamped": agentload's transport with kernel receive stamps (http:// targets);
+    # "aiohttp": httpx-aiohttp (also used for https:// targets).
+    transport: Literal["stamped", "aiohttp"] = "stamped"
 
     def connection_limit(self) -> int:
         return self.max_connections or max(16, 4 * self.users)
@@ -150,6 +154,8 @@ class ReplayEngine:
         self._finished = False
         self._stop_reason: str | None = None
         self._itl_s: list[float] = []
+        # The client's own health (stamp error, events per read, loop lag) for summary.json.
+        self.diagnostics = ClientDiagnostics()
         self._ttft_s: list[float] = []
         # With recycling the run is bounded by time or a request count, not by the trace.
         planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
@@ -354,6 +360,7 @@ class ReplayEngine:
                 collect_token_ids=threads is not None)
         finally:
             self._in_flight -= 1
+        self.diagnostics.observe(res)
         if threads is not None and res.ok and res.output_ids:
             answer = self.prompts.literal(res.output_ids)
             threads.answered(req, answer)
@@ -435,18 +442,25 @@ class ReplayEngine:
         )
 
 
-def build_http_client(options: ReplayOptions) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` over the aiohttp transport, sized for ``options``.
+def build_http_client(options: ReplayOptions, base_url: str | None = None) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` sized for ``options``.
 
-    httpx's own connection pool degrades badly past a few hundred concurrent streams;
-    the ``httpx-aiohttp`` transport keeps httpx's API without that cliff.
+    httpx's own connection pool degrades badly past a few hundred concurrent streams, so
+    it is never used: for ``http://`` targets agentload's stamped transport (plain asyncio
+    sockets, an O(1) pool, kernel receive stamps on every read; ``netstamp.py``), else
+    (or with ``transport="aiohttp"``) the ``httpx-aiohttp`` transport.
     """
     from httpx_aiohttp import AiohttpTransport
 
-    limits = httpx.Limits(max_connections=options.connection_limit(),
-                          max_keepalive_connections=options.connection_limit())
+    from agentload.replay.netstamp import StampedTransport
+
     # The read timeout bounds the gap between chunks (a stall); the engine bounds the total.
     timeout = httpx.Timeout(options.stall_timeout_s, connect=options.connect_timeout_s)
+    if options.transport == "stamped" and not (base_url or "").startswith("https:"):
+        return httpx.AsyncClient(transport=StampedTransport(options.connect_timeout_s),
+                                 timeout=timeout, trust_env=False)
+    limits = httpx.Limits(max_connections=options.connection_limit(),
+                          max_keepalive_connections=options.connection_limit())
     return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits,
                              timeout=timeout, trust_env=False)
 

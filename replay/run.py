@@ -331,7 +331,11 @@ async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str
         if server is not None:
             helpers.append(asyncio.create_task(_watch_server(engine, server, say)))
         try:
+            # The client's self-diagnostics: CPU, GC pauses and loop lag over the run.
+            engine.diagnostics.start()
+            helpers.append(asyncio.create_task(engine.diagnostics.probe()))
             outcome = await engine.run()
+            engine.diagnostics.stop()
         finally:
             for task in helpers:
                 task.cancel()
@@ -429,7 +433,7 @@ def run_replay(
         _write_json(run_dir / "run.json", run)
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
-            client = build_http_client(options)
+            client = build_http_client(options, target.base_url)
             engine = ReplayEngine(trace_obj, target, options, journal, client)
             say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
                 f"{options.users} users) against {target.label} -> {run_dir}")
@@ -461,6 +465,7 @@ def run_replay(
                     sampler.close()
     if outcome is not None:
         run["outcome"] = asdict(outcome)
+        run["client_diagnostics"] = engine.diagnostics.summary()
     run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
@@ -502,6 +507,8 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
         summarize_gpu(pl.read_parquet(gpu_path).to_dicts()) if gpu_path.is_file()
         else {"available": False, "reason": run.get("gpu_telemetry", "not sampled")})
     summary["by_context_depth"] = by_context_depth(frame)
+    summary["client"] = run.get("client_diagnostics") or {
+        "available": False, "reason": "not recorded (interrupted, or an older run)"}
     summary["validity"] = validity(summary)
     users = per_user(frame)
     per_session(frame).write_parquet(run_dir / "per_session.parquet")

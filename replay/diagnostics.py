@@ -1,0 +1,162 @@
+"""The client's own health, measured in every run: is agentload the bottleneck?
+
+``ClientDiagnostics`` rides along a replay and records, without touching the request
+path beyond a few integer appends per request:
+
+- the client's stamp error: per token chunk, the Python stamp (when the loop served the
+  socket) minus the kernel's receive stamp (``SO_TIMESTAMPNS``, from the stamped
+  transport). That is how long bytes waited in the socket while the loop was busy;
+  the run's timestamps are the kernel's, so this is the error they avoided, and it
+  grows as the client nears saturation;
+- token events per read: 1 when the client keeps up; more when events queued in the
+  socket (they then share one stamp);
+- event-loop lag: the oversleep of a 10 ms sleep (how long a ready callback waits);
+- GC pauses (``gc.callbacks``) and process CPU over the run (``time.process_time``).
+
+``summary()`` goes into ``summary.json`` under ``"client"``; its
+``saturation_reasons`` (empty when healthy) make the run's validity verdict "invalid".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from array import array
+from typing import Any
+
+import numpy as np
+
+from agentload.replay.client import StreamResult
+
+# The error budget of a valid run: beyond any of these the client, not the server, may
+# be what the numbers show.
+MAX_CLIENT_CPU = 0.90          # share of one core over the run
+MAX_MULTI_EVENT_READS = 0.10   # share of token reads that carried more than one event
+MAX_LOOP_LAG_P99_S = 0.050
+MAX_STAMP_ERROR_P99_S = 0.050  # Python minus kernel stamp, when kernel stamps exist
+PROBE_S = 0.010
+
+
+class ClientDiagnostics:
+    """Collects the client's self-measurements during one run (one event loop)."""
+
+    def __init__(self) -> None:
+        self.stamp_error_ns: array[int] = array("q")
+        self.loop_lag_ns: array[int] = array("q")
+        self.gc_pause_ns: array[int] = array("q")
+        self.reads = 0
+        self.multi_event_reads = 0
+        self.max_events_per_read = 0
+        self.events = 0
+        self.kernel_chunks = 0
+        self._cpu0 = self._wall0 = 0.0
+        self.cpu_s = self.wall_s = 0.0
+        self._gc_t = 0
+        self._running = False
+
+    def observe(self, res: StreamResult) -> None:
+        """Fold one finished request's stamps and read counts in."""
+        self.reads += res.reads
+        self.multi_event_reads += res.multi_event_reads
+        if res.max_events_per_read > self.max_events_per_read:
+            self.max_events_per_read = res.max_events_per_read
+        self.events += res.chunks
+        user = res.chunk_user_ns
+        if user is not None and len(user) == len(res.chunk_ns):
+            self.kernel_chunks += len(user)
+            self.stamp_error_ns.extend(u - k for u, k in zip(user, res.chunk_ns, strict=True))
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t = time.perf_counter_ns()
+        elif self._gc_t:
+            self.gc_pause_ns.append(time.perf_counter_ns() - self._gc_t)
+
+    def start(self) -> None:
+        """Begin the run's window: CPU clock, GC pause hook (the heap is frozen first)."""
+        gc.collect()
+        gc.freeze()  # what exists before the run is never scanned again
+        gc.callbacks.append(self._on_gc)
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
+        self._running = True
+
+    def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self.cpu_s = time.process_time() - self._cpu0
+        self.wall_s = time.perf_counter() - self._wall0
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    async def probe(self, interval_s: float = PROBE_S) -> None:
+        """Run until cancelled: the loop's oversleep of ``interval_s`` sleeps."""
+        perf = time.perf_counter_ns
+        want = int(interval_s * 1e9)
+        while True:
+            t = perf()
+            await asyncio.sleep(interval_s)
+            self.loop_lag_ns.append(perf() - t - want)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures for ``summary.json``; ``saturation_reasons`` empty when healthy."""
+        def q(values: array[int], p: float) -> float | None:
+            if not values:
+                return None
+            return float(np.percentile(np.frombuffer(values, dtype=np.int64), p)) / 1e9
+
+        cpu = self.cpu_s / self.wall_s if self.wall_s > 0 else None
+        multi = self.multi_event_reads / self.reads if self.reads else None
+        out: dict[str, Any] = {
+            "kernel_stamps": self.kernel_chunks > 0,
+            "stamp_error_p50_s": q(self.stamp_error_ns, 50),
+            "stamp_error_p99_s": q(self.stamp_error_ns, 99),
+            "stamp_error_max_s": (max(self.stamp_error_ns) / 1e9) if self.stamp_error_ns
+            else None,
+            "events_per_read": (self.events / self.reads) if self.reads else None,
+            "multi_event_read_share": multi,
+            "max_events_per_read": self.max_events_per_read,
+            "loop_lag_p50_s": q(self.loop_lag_ns, 50),
+            "loop_lag_p99_s": q(self.loop_lag_ns, 99),
+            "loop_lag_max_s": (max(self.loop_lag_ns) / 1e9) if self.loop_lag_ns else None,
+            "gc_collections": len(self.gc_pause_ns),
+            "gc_max_pause_s": (max(self.gc_pause_ns) / 1e9) if self.gc_pause_ns else 0.0,
+            "cpu_cores": cpu,
+            "definitions": {
+                "stamp_error": "Python stamp (loop served the socket) minus kernel receive "
+                               "stamp, per token chunk; the run's stamps are the kernel's",
+                "events_per_read": "token events per socket read; > 1 means events queued "
+                                   "in the socket because the client was behind",
+                "loop_lag": f"oversleep of a {PROBE_S * 1e3:g} ms asyncio.sleep",
+                "percentiles": "linear interpolation (numpy)",
+            },
+        }
+        if not out["kernel_stamps"]:
+            out["stamp_error_note"] = ("no kernel receive stamps (aiohttp transport, TLS, or "
+                                       "a kernel without SO_TIMESTAMPNS): the run's stamps "
+                                       "are Python stamps and their own error is not measured")
+        out["saturation_reasons"] = saturation_reasons(out)
+        return out
+
+
+def saturation_reasons(d: dict[str, Any]) -> list[str]:
+    """Why the client may have been the bottleneck (empty when it was not)."""
+    reasons = []
+    if d.get("cpu_cores") is not None and d["cpu_cores"] > MAX_CLIENT_CPU:
+        reasons.append(f"client saturated: it used {d['cpu_cores']:.0%} of a core "
+                       f"(> {MAX_CLIENT_CPU:.0%})")
+    share = d.get("multi_event_read_share")
+    if share is not None and share > MAX_MULTI_EVENT_READS:
+        reasons.append(f"client behind: {share:.0%} of token reads carried more than one event "
+                       f"(> {MAX_MULTI_EVENT_READS:.0%}); their stamps are shared, so ITL is "
+                       "blurred")
+    lag = d.get("loop_lag_p99_s")
+    if lag is not None and lag > MAX_LOOP_LAG_P99_S:
+        reasons.append(f"client event loop lagged: p99 {lag * 1e3:.1f} ms "
+                       f"(> {MAX_LOOP_LAG_P99_S * 1e3:.0f} ms)")
+    err = d.get("stamp_error_p99_s")
+    if err is not None and err > MAX_STAMP_ERROR_P99_S:
+        reasons.append(f"client stamp error: Python stamps p99 {err * 1e3:.1f} ms after the "
+                       f"kernel's (> {MAX_STAMP_ERROR_P99_S * 1e3:.0f} ms)")
+    return reasons
