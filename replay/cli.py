@@ -426,6 +426,9 @@ def serve(
     nsys_whole_run: Annotated[bool, typer.Option(
         "--nsys-whole-run", help="With --nsys: record from process start (CUDA graphs are "
         "captured at start-up, outside a /start_profile window).")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow/--no-follow", help="Print the server's log lines as they come (they "
+        "are always in --log).")] = True,
 ) -> None:
     """Start a server and keep it running until Ctrl-C.
 
@@ -470,8 +473,13 @@ def serve(
             typer.echo(f"non-default args: {config['non_default_args']}")
         sys.stdout.flush()
         try:
-            while server.running():
-                time.sleep(1.0)
+            with open(log, "rb") as tail:
+                while server.running():
+                    chunk = tail.read()
+                    if follow and chunk:
+                        sys.stdout.write(chunk.decode(errors="replace"))
+                        sys.stdout.flush()
+                    time.sleep(0.5)
         except KeyboardInterrupt:
             typer.echo("stopping")
             return
