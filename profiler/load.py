@@ -1,0 +1,44 @@
+"""Open any supported profile by looking at its bytes, not its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentload.profiler.errors import ProfileError
+from agentload.profiler.kineto import load_kineto
+from agentload.profiler.model import Profile
+from agentload.profiler.nsight import load_nsight
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def sniff(path: Path) -> str:
+    """``nsight-sqlite``, ``nsight-dir`` or ``kineto``; a :class:`ProfileError` otherwise."""
+    if not path.exists():
+        raise ProfileError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return "nsight-dir"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    if head.startswith(SQLITE_MAGIC):
+        return "nsight-sqlite"
+    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
+        return "kineto"
+    if path.suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
+        raise ProfileError(f"{path}: a raw Nsight report; export it first with "
+                           f"`nsys export --type sqlite -o OUT.sqlite {path}`")
+    if not head:
+        raise ProfileError(f"{path}: empty file")
+    raise ProfileError(f"{path}: not an Nsight Systems SQLite/Parquet export or a Kineto "
+                       "JSON trace")
+
+
+def load_profile(path: Path) -> Profile:
+    """Read an Nsight SQLite export, an Nsight Parquet/Arrow directory or a Kineto trace."""
+    kind = sniff(path)
+    if kind == "kineto":
+        return load_kineto(path)
+    return load_nsight(path)

@@ -1,0 +1,337 @@
+"""Nsight Systems exports -> :class:`~agentload.profiler.model.Profile`.
+
+Two containers, one schema (the exporter's, documented for schema 3.30.1 in NVIDIA's
+Post-Collection Analysis Guide): ``nsys export --type sqlite`` files, and
+``--type parquetdir`` / ``arrowdir`` directories holding one file per table. Tables are
+created lazily by the exporter (an empty one is simply absent) and columns come and go
+between schema versions, so every read asks which columns exist and fills the rest
+with nulls. Rows are read in chunks, only the needed columns, and kernel names stay
+integer ids into ``StringIds``.
+
+Joins follow the shipped reports: kernel -> runtime call on ``correlationId`` *and*
+``globalPid`` (correlation ids repeat across processes); NVTX names are
+``COALESCE(text, StringIds[textId])``; pid and tid come from ``globalTid`` bits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import polars as pl
+
+from agentload.profiler.errors import ProfileError
+from agentload.profiler.model import (
+    DEVICES_SCHEMA,
+    GRAPH_NODES_SCHEMA,
+    LAUNCHES_SCHEMA,
+    OPS_SCHEMA,
+    PID_MASK,
+    PROCESSES_SCHEMA,
+    RANGES_SCHEMA,
+    STRINGS_SCHEMA,
+    THREADS_SCHEMA,
+    Profile,
+    conform,
+    empty,
+    pid_of,
+)
+
+CHUNK_ROWS = 262_144
+"""Rows fetched from SQLite at a time: bounds the Python objects alive at once."""
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+NVTX = "NVTX_EVENTS"
+GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
+KNOWN_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME, GRAPH_TRACE, NVTX, GRAPH_NODES, "StringIds",
+                "TARGET_INFO_GPU", "PROCESSES", "ThreadNames", "META_DATA_EXPORT")
+"""Any one of these marks a file as an Nsight export; a file with none of them is foreign."""
+
+PUSHPOP = (59, 70)  # NvtxPushPopRange; 70 = the same from imported NVTXT files
+STARTEND = (60, 71)  # NvtxStartEndRange; 71 likewise
+SIGNED_IDS = ("globalPid", "globalTid", "endGlobalTid")
+"""SQLite has only signed 64-bit ints: these come back negative when the HW id's top bit
+is set, so they are reinterpreted (not cast) to UInt64 before any bit arithmetic."""
+
+
+class _Source(Protocol):
+    """A container of exporter tables: SQLite file or per-table file directory."""
+
+    path: Path
+
+    def tables(self) -> set[str]: ...
+
+    def columns(self, table: str) -> list[str]: ...
+
+    def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame: ...
+
+
+class _SqliteSource:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            # Read-only and immutable: never creates a journal next to a user's export.
+            self.con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+            names = self.con.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table','view')").fetchall()
+        except sqlite3.Error as exc:
+            raise ProfileError(f"{path}: not a readable SQLite file ({exc})") from None
+        self._tables = {n for (n,) in names}
+        self._cols: dict[str, list[str]] = {}
+
+    def tables(self) -> set[str]:
+        return self._tables
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._cols:
+            rows = self.con.execute(f'PRAGMA table_info("{table}")').fetchall()
+            self._cols[table] = [r[1] for r in rows]
+        return self._cols[table]
+
+    def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
+        have = set(self.columns(table))
+        picked = [c for c in columns if c in have]
+        sql = f'SELECT {", ".join(picked)} FROM "{table}" {where}'
+        try:
+            cur = self.con.execute(sql)
+            chunks = [pl.DataFrame(rows, schema=picked, orient="row", infer_schema_length=None)
+                      for rows in _chunks(cur)]
+        except sqlite3.Error as exc:
+            raise ProfileError(f"{self.path}: cannot read {table} ({exc})") from None
+        if not chunks:
+            return pl.DataFrame(schema={c: pl.Int64 for c in picked})
+        return pl.concat(chunks, how="vertical_relaxed")
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _chunks(cur: sqlite3.Cursor) -> Iterator[list[tuple[object, ...]]]:
+    while rows := cur.fetchmany(CHUNK_ROWS):
+        yield rows
+
+
+class _DirSource:
+    """``nsys export --type parquetdir|arrowdir``: one ``<TABLE>.parquet`` (or Arrow) each."""
+
+    SUFFIXES = (".parquet", ".arrow", ".arrows", ".feather", ".ipc")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._files: dict[str, Path] = {}
+        for f in sorted(path.iterdir()):
+            if f.suffix in self.SUFFIXES and f.stem not in self._files:
+                self._files[f.stem] = f
+
+    def _scan(self, table: str) -> pl.LazyFrame:
+        f = self._files[table]
+        try:
+            if f.suffix == ".parquet":
+                return pl.scan_parquet(f)
+            if f.suffix == ".arrows":  # an Arrow IPC *stream*, which cannot be scanned
+                return pl.read_ipc_stream(f).lazy()
+            return pl.scan_ipc(f)
+        except Exception as exc:
+            raise ProfileError(f"{f}: cannot read ({exc})") from None
+
+    def tables(self) -> set[str]:
+        return set(self._files)
+
+    def columns(self, table: str) -> list[str]:
+        try:
+            return list(self._scan(table).collect_schema().names())
+        except ProfileError:
+            raise
+        except Exception as exc:
+            raise ProfileError(f"{self._files[table]}: cannot read ({exc})") from None
+
+    def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
+        have = set(self.columns(table))
+        try:
+            return self._scan(table).select([c for c in columns if c in have]).collect()
+        except Exception as exc:
+            raise ProfileError(f"{self._files[table]}: cannot read ({exc})") from None
+
+
+def load_nsight(path: Path) -> Profile:
+    """Read an Nsight Systems SQLite export, or a Parquet/Arrow directory export."""
+    if path.is_dir():
+        source: _Source = _DirSource(path)
+        kind = "nsight-dir"
+    else:
+        source = _SqliteSource(path)
+        kind = "nsight-sqlite"
+    try:
+        return _ingest(source, kind)
+    finally:
+        if isinstance(source, _SqliteSource):
+            source.close()
+
+
+def _unsigned(frame: pl.DataFrame) -> pl.DataFrame:
+    fixes = [pl.col(c).cast(pl.Int64).reinterpret(signed=False)
+             if frame[c].dtype.is_signed_integer() or frame[c].dtype == pl.Null
+             else pl.col(c).cast(pl.UInt64)
+             for c in SIGNED_IDS if c in frame.columns]
+    return frame.with_columns(fixes) if fixes else frame
+
+
+def _ingest(src: _Source, kind: str) -> Profile:
+    tables = src.tables()
+    if not tables & set(KNOWN_TABLES):
+        raise ProfileError(f"{src.path}: not an Nsight Systems export (none of its tables, "
+                           f"e.g. {KERNEL}, {NVTX}, StringIds, was found)")
+    notes: list[str] = []
+    version = _schema_version(src)
+    if version and not version.startswith("3."):
+        notes.append(f"export schema {version}: read as 3.x; columns may differ")
+
+    def read(table: str, columns: list[str], where: str = "") -> pl.DataFrame | None:
+        return _unsigned(src.read(table, columns, where)) if table in tables else None
+
+    gpu_cols = ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                "graphNodeId", "graphId"]
+    parts: list[pl.DataFrame] = []
+    for table, op_kind, extra in ((KERNEL, "kernel", ["demangledName", "shortName"]),
+                                  (MEMCPY, "memcpy", []), (MEMSET, "memset", [])):
+        frame = read(table, gpu_cols + extra)
+        if frame is None:
+            continue
+        name = (pl.coalesce(pl.col("demangledName"), pl.col("shortName"))
+                if "demangledName" in frame.columns and "shortName" in frame.columns
+                else pl.col("demangledName") if "demangledName" in frame.columns
+                else pl.col("shortName") if "shortName" in frame.columns else pl.lit(None))
+        parts.append(conform(frame.with_columns(
+            kind=pl.lit(op_kind), name_id=name if op_kind == "kernel" else pl.lit(None),
+        ).rename({"deviceId": "device", "streamId": "stream", "correlationId": "correlation",
+                  "globalPid": "proc", "graphNodeId": "graph_node", "graphId": "graph_id"},
+                 strict=False), OPS_SCHEMA))
+
+    strings = (conform(src.read("StringIds", ["id", "value"]), STRINGS_SCHEMA)
+               if "StringIds" in tables else empty(STRINGS_SCHEMA))
+    graph = read(GRAPH_TRACE, ["start", "end", "deviceId", "streamId", "correlationId",
+                               "globalPid", "graphId"])
+    if graph is not None and graph.height:
+        # Whole-graph executions (--cuda-graph-trace=graph): their kernels were not
+        # recorded, so each becomes one opaque op named after its graph.
+        base = int(strings["id"].max() or 0) + 1 if strings.height else 1
+        ids = graph.select(pl.col("graphId").unique().sort()).with_row_index("k")
+        strings = pl.concat([strings, conform(ids.select(
+            id=pl.col("k").cast(pl.Int64) + base,
+            value=pl.format("CUDA graph {} (kernels not traced)", pl.col("graphId"))),
+            STRINGS_SCHEMA)])
+        graph = graph.join(ids, on="graphId", how="left")
+        parts.append(conform(graph.with_columns(
+            kind=pl.lit("graph"), name_id=pl.col("k").cast(pl.Int64) + base,
+        ).rename({"deviceId": "device", "streamId": "stream", "correlationId": "correlation",
+                  "globalPid": "proc", "graphId": "graph_id"}), OPS_SCHEMA))
+        notes.append(f"{graph.height:,} CUDA graph executions were traced as whole graphs "
+                     "(nsys --cuda-graph-trace=graph): their kernels are hidden, and each "
+                     "counts as one opaque op; capture with --cuda-graph-trace=node to see "
+                     "inside them")
+    ops = pl.concat(parts) if parts else empty(OPS_SCHEMA)
+
+    runtime = read(RUNTIME, ["start", "end", "globalTid", "correlationId", "nameId"])
+    launches = empty(LAUNCHES_SCHEMA) if runtime is None else conform(runtime.with_columns(
+        proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
+    ).rename({"globalTid": "tid", "correlationId": "correlation", "nameId": "name_id"}),
+        LAUNCHES_SCHEMA)
+
+    ranges, range_notes = _ranges(src, tables, strings, ops, launches)
+    notes += range_notes
+    graph_nodes = empty(GRAPH_NODES_SCHEMA)
+    nodes = read(GRAPH_NODES, ["start", "end", "globalTid", "graphNodeId", "originalGraphNodeId"])
+    if nodes is not None:
+        graph_nodes = conform(nodes.with_columns(
+            proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
+        ).rename({"globalTid": "tid", "graphNodeId": "node", "originalGraphNodeId": "original"}),
+            GRAPH_NODES_SCHEMA)
+    node_tracing = bool(ops.height) and ops["graph_node"].is_not_null().any()
+
+    processes = empty(PROCESSES_SCHEMA)
+    procs = read("PROCESSES", ["globalPid", "pid", "name"])
+    if procs is not None:
+        processes = conform(procs.rename({"globalPid": "proc"}), PROCESSES_SCHEMA)
+    threads = empty(THREADS_SCHEMA)
+    tn = read("ThreadNames", ["nameId", "globalTid"])
+    if tn is not None and strings.height:
+        threads = conform(tn.join(strings, left_on="nameId", right_on="id", how="left")
+                          .rename({"globalTid": "tid", "value": "name"}), THREADS_SCHEMA)
+    devices = empty(DEVICES_SCHEMA)
+    gpus = read("TARGET_INFO_GPU", ["id", "name"])
+    if gpus is not None:
+        devices = conform(gpus.rename({"id": "device"}), DEVICES_SCHEMA)
+    return Profile(source=kind, path=str(src.path), ops=ops, launches=launches, ranges=ranges,
+                   strings=strings, graph_nodes=graph_nodes, processes=processes,
+                   threads=threads, devices=devices, notes=tuple(notes),
+                   graph_node_tracing=node_tracing)
+
+
+def _schema_version(src: _Source) -> str | None:
+    if "META_DATA_EXPORT" not in src.tables():
+        return None
+    meta = src.read("META_DATA_EXPORT", ["name", "value"])
+    if not {"name", "value"} <= set(meta.columns):
+        return None
+    hit = meta.filter(pl.col("name") == "EXPORT_SCHEMA_VERSION")
+    return str(hit["value"][0]) if hit.height else None
+
+
+def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataFrame,
+            launches: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    if NVTX not in tables:
+        return empty(RANGES_SCHEMA), []
+    codes = ",".join(str(c) for c in PUSHPOP + STARTEND)
+    raw = _unsigned(src.read(NVTX, ["start", "end", "eventType", "globalTid", "endGlobalTid",
+                                    "text", "textId", "eventId", "rangeId"],
+                             f"WHERE eventType IN ({codes})"))
+    if isinstance(src, _DirSource):  # the SQL WHERE above only applies to SQLite
+        raw = raw.filter(pl.col("eventType").is_in(PUSHPOP + STARTEND))
+    notes: list[str] = []
+    if not raw.height:
+        return empty(RANGES_SCHEMA), notes
+    if "eventId" not in raw.columns:
+        raw = raw.with_row_index("eventId")
+    text = pl.col("text") if "text" in raw.columns else pl.lit(None, pl.String)
+    if "textId" in raw.columns and strings.height:
+        raw = raw.join(strings.rename({"id": "textId", "value": "_registered"}),
+                       on="textId", how="left")
+        name = pl.coalesce(text.cast(pl.String), pl.col("_registered"))
+    else:
+        name = text.cast(pl.String)
+    end_tid = pl.col("endGlobalTid") if "endGlobalTid" in raw.columns else pl.lit(None, pl.UInt64)
+    frame = raw.with_columns(
+        name=name, proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
+        style=pl.when(pl.col("eventType").is_in(PUSHPOP)).then(pl.lit("pushpop"))
+        .otherwise(pl.lit("startend")),
+        _cross=end_tid.is_not_null() & (end_tid != pl.col("globalTid")),
+    )
+    crossed = int(frame["_cross"].sum())
+    if crossed:
+        # nsys's own reports drop these too: the range has no single owning thread.
+        notes.append(f"{crossed:,} start/end ranges ended on another thread and own no "
+                     "kernels (a range is matched on the thread that launched)")
+        frame = frame.filter(~pl.col("_cross"))
+    open_ = int(frame["end"].is_null().sum())
+    if open_:
+        last = max(int(x) for x in (ops["end"].max(), launches["end"].max(),
+                                    frame["start"].max(), frame["end"].max()) if x is not None)
+        notes.append(f"{open_:,} ranges were still open at the end of capture; they are "
+                     "closed at the last timestamp")
+        frame = frame.with_columns(pl.col("end").fill_null(last))
+    frame = frame.rename({"globalTid": "tid", "eventId": "range_id"})
+    return conform(frame, RANGES_SCHEMA), notes
+
+
+def processes_with_pid(profile: Profile) -> pl.DataFrame:
+    """``proc -> pid, name`` for every process seen in ops or launches."""
+    seen = pl.concat([profile.ops.select("proc"), profile.launches.select("proc")]).unique()
+    out = seen.with_columns(pid=pid_of(pl.col("proc"))).join(
+        profile.processes.select("proc", "name"), on="proc", how="left")
+    return out.sort("pid")

@@ -1,0 +1,311 @@
+"""Per-layer, per-layer-type, per-step and per-rank tables from an :class:`Attribution`.
+
+Definitions (every table uses them; the reports repeat them):
+
+- an *instance* is one execution of a range: one range occurrence, or, for kernels
+  replayed from a CUDA graph and mapped back to the capture, one (capture range, replay);
+- ``kernels``: kernel ops owned by the instance (memcpy/memset count in ``memops``; an
+  opaque whole-graph execution counts as one kernel);
+- ``kernel_ns``: summed GPU duration of those kernels;
+- ``busy_ns``: the union of all its GPU ops' intervals (concurrent streams counted once);
+- ``span_ns``: last op end - first op start (nsys's "projected duration");
+- ``gap_ns``: ``span_ns - busy_ns``, GPU idle time inside the instance (launch gaps).
+
+Levels: ``innermost`` groups by the innermost owning range's name (the module path for
+vLLM's layerwise text); ``layer`` groups by the enclosing decoder layer range
+(``...layers.<i>``), and when no such range exists splits each step by the repeating
+kernel sequence (:mod:`agentload.profiler.infer`) and says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from agentload.profiler.attribute import Attribution
+from agentload.profiler.infer import block_labels, find_period
+from agentload.profiler.model import pid_of
+from agentload.profiler.vllm import layer_type
+
+Level = Literal["innermost", "layer"]
+UNATTRIBUTED = "(no range)"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The tables of one profile; ``notes`` says what was assumed or inferred."""
+
+    instances: pl.DataFrame
+    layers: pl.DataFrame
+    types: pl.DataFrame
+    steps: pl.DataFrame
+    ranks: pl.DataFrame
+    top_kernels: pl.DataFrame
+    sequences: pl.DataFrame
+    notes: tuple[str, ...]
+    inferred: bool
+    level: str
+    source: str
+    path: str
+
+
+def short_kernel_name(name: str) -> str:
+    """``void ns::gemm<float, 128>(Params)`` -> ``ns::gemm``: what people call a kernel."""
+    text = re.sub(r"^(void|[\w:]+\s*\*?)\s+(?=[\w:~]+[<(])", "", name.strip())
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "<(" and depth == 0 and i > 0:
+            return text[:i]
+        depth += ch == "<"
+        depth -= ch == ">"
+    return text
+
+
+def _ancestor(flag: npt.NDArray[np.bool_], parent: npt.NDArray[np.int64],
+              depth: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per range: itself if flagged, else its nearest flagged ancestor, else -1."""
+    out = np.full(len(flag), -1, np.int64)
+    if not len(flag):
+        return out
+    for d in range(1, int(depth.max()) + 1):
+        sel = np.flatnonzero(depth == d)
+        up = parent[sel]
+        inherited = np.where(up >= 0, out[np.maximum(up, 0)], -1)
+        out[sel] = np.where(flag[sel], sel, inherited)
+    return out
+
+
+def _root(parent: npt.NDArray[np.int64], depth: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return _ancestor(depth == 1, parent, depth)
+
+
+def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | None = None,
+              infer: bool | None = None) -> Summary:
+    """Build every table. ``step_pattern``: a regex naming step ranges (default: each
+    op's outermost range); ``infer``: force (True) or forbid (False) inferred layers."""
+    notes = list(att.notes)
+    ranges = att.ranges
+    parent = ranges["parent"].fill_null(-1).to_numpy().astype(np.int64)
+    depth = ranges["depth"].to_numpy().astype(np.int64)
+    is_layer = ranges["is_layer"].to_numpy().astype(bool)
+    if step_pattern:
+        step_flag = ranges["label"].str.contains(step_pattern).fill_null(False).to_numpy()
+        step_of = _ancestor(step_flag.astype(bool), parent, depth)
+    else:
+        step_of = _root(parent, depth)
+    ops = att.ops
+    rng = ops["range"].fill_null(-1).to_numpy().astype(np.int64)
+    has = rng >= 0
+    rc = np.maximum(rng, 0)
+    step = np.where(has, step_of[rc] if len(step_of) else -1, -1)
+    layer_anc = _ancestor(is_layer, parent, depth) if len(is_layer) else np.zeros(0, np.int64)
+    owned_layer = has & (layer_anc[rc] >= 0) if len(layer_anc) else np.zeros(len(rng), bool)
+    do_infer = infer if infer is not None else (level == "layer" and not owned_layer.any())
+    if level == "layer" and not do_infer:
+        inst = np.where(owned_layer, layer_anc[rc] if len(layer_anc) else -1, rng)
+    else:
+        inst = rng
+    # Replayed graph kernels mapped to capture-time ranges: each replay is its own
+    # instance and its own step, keyed by the replay's correlation id.
+    replay = ops["correlation"].to_numpy().astype(np.int64)
+    via = ops["via"].to_numpy()
+    graph_replay = (via == "graph-node") | (via == "graph-launch")
+    frame = ops.select("op", "proc", "kind", "start", "end", "name_id", "launch_start",
+                       "via").with_columns(
+        inst=pl.Series(inst), step=pl.Series(step),
+        replay=pl.Series(np.where(via == "graph-node", replay, -1)),
+        graph_step=pl.Series(np.where(graph_replay, replay, -1)))
+    labels = ranges.select(pl.col("idx").alias("inst"), "label", "layer")
+    frame = frame.join(labels, on="inst", how="left").with_columns(
+        label=pl.col("label").fill_null(UNATTRIBUTED))
+    step_names = ranges.select(pl.col("idx").alias("step"), step_label="label")
+    frame = frame.join(step_names, on="step", how="left")
+    # Graph replays are steps of their own when no step range encloses the replay call.
+    frame = frame.with_columns(
+        step_key=pl.when(pl.col("graph_step") >= 0).then(pl.col("graph_step") * 2 + 1)
+        .otherwise(pl.col("step") * 2),
+        step_label=pl.when(pl.col("graph_step") >= 0).then(
+            pl.coalesce(pl.col("step_label"), pl.lit("")) + pl.lit(" [graph replay]"))
+        .otherwise(pl.col("step_label").fill_null(UNATTRIBUTED)))
+    inferred = False
+    if do_infer:
+        frame, inote = _infer_layers(frame)
+        inferred = inote is not None
+        if inote:
+            notes.append(inote)
+    frame = frame.with_columns(pid=pid_of(pl.col("proc")))
+    instances = _instances(frame)
+    layers = _layers(instances)
+    types = _types(instances)
+    steps = _steps(frame, instances)
+    ranks = _ranks(layers)
+    names = att.profile.strings.select(pl.col("id").alias("name_id"), kernel="value")
+    top = _top_kernels(frame, names)
+    sequences = _sequences(frame, names)
+    return Summary(instances=instances, layers=layers, types=types, steps=steps, ranks=ranks,
+                   top_kernels=top, sequences=sequences, notes=tuple(notes),
+                   inferred=inferred, level=level, source=att.profile.source,
+                   path=att.profile.path)
+
+
+def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+    """Split each step (step range, or graph replay) into inferred layers."""
+    frame = frame.sort("proc", "step_key", "launch_start", "start")
+    seq_ids = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64)
+    keys = frame.select("proc", "step_key")
+    bounds = np.flatnonzero(np.concatenate(
+        ([True], (keys["proc"].to_numpy()[1:] != keys["proc"].to_numpy()[:-1])
+         | (keys["step_key"].to_numpy()[1:] != keys["step_key"].to_numpy()[:-1]), [True])))
+    block = np.zeros(frame.height, np.int64)
+    cache: dict[bytes, tuple[np.ndarray, int, int]] = {}
+    periods: list[tuple[int, int]] = []
+    for a, b in itertools.pairwise(bounds):
+        seq = seq_ids[a:b]
+        h = seq.tobytes()
+        if h not in cache:  # identical steps (graph replays) are searched once
+            per = find_period(seq)
+            cache[h] = (block_labels(len(seq), per), per.period if per else 0,
+                        per.reps if per else 0)
+        labels, period, reps = cache[h]
+        block[a:b] = labels
+        periods.append((period, reps))
+    found = [p for p in periods if p[0]]
+    if not found:
+        return frame, ("no layer ranges, and no repeating kernel sequence was found in any "
+                       "step: layers could not be inferred")
+    # Block index == reps is the postlude; a step with no repeat is one inferred block.
+    reps_col = np.zeros(frame.height, np.int64)
+    for (a, b), (_, reps) in zip(itertools.pairwise(bounds), periods, strict=True):
+        reps_col[a:b] = reps
+    frame = frame.with_columns(block=pl.Series(block), _reps=pl.Series(reps_col)).with_columns(
+        label=pl.when(pl.col("block") < 0).then(pl.lit("inferred.prelude"))
+        .when((pl.col("block") >= pl.col("_reps")) & (pl.col("_reps") > 0))
+        .then(pl.lit("inferred.postlude"))
+        .when(pl.col("_reps") == 0).then(pl.lit("inferred.step"))
+        .otherwise(pl.format("inferred.layers.{}", pl.col("block"))),
+        layer=pl.when((pl.col("block") >= 0) & (pl.col("block") < pl.col("_reps")))
+        .then(pl.col("block")),
+        inst=pl.col("step_key") * 65_536 + pl.col("block") + 1,
+        replay=pl.lit(-1, pl.Int64)).drop("block", "_reps")
+    common = max(set(found), key=found.count)
+    return frame, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
+                   f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
+                   f"often {common[1]} layers of {common[0]} kernels); names are "
+                   "inferred.layers.<i>")
+
+
+def _with_busy(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Each op's share of its group's busy (union) time: the part not already covered by
+    an earlier-starting op of the same group (sorted by start, running max of ends)."""
+    data = frame.sort(*keys, "start")
+    prev_end = pl.col("end").cum_max().shift(1).over(keys)
+    return data.with_columns(
+        busy=(pl.col("end") - pl.max_horizontal(pl.col("start"), prev_end.fill_null(0)))
+        .clip(lower_bound=0))
+
+
+IS_KERNEL = pl.col("kind").is_in(["kernel", "graph"])
+
+
+def _counts() -> list[pl.Expr]:
+    return [IS_KERNEL.sum().cast(pl.Int64).alias("kernels"),
+            (~IS_KERNEL).sum().cast(pl.Int64).alias("memops"),
+            pl.when(IS_KERNEL).then(pl.col("end") - pl.col("start")).otherwise(0).sum()
+            .alias("kernel_ns"),
+            pl.col("busy").sum().alias("busy_ns"), pl.col("start").min().alias("start"),
+            (pl.col("end").max() - pl.col("start").min()).alias("span_ns")]
+
+
+def _instances(frame: pl.DataFrame) -> pl.DataFrame:
+    keys = ["proc", "inst", "replay"]
+    data = _with_busy(frame.select(*keys, "pid", "label", "layer", "step_key", "step_label",
+                                   "kind", "start", "end"), keys)
+    out = data.group_by(keys).agg(
+        *_counts(), pid=pl.col("pid").first(), name=pl.col("label").first(),
+        layer=pl.col("layer").first(), step_key=pl.col("step_key").first(),
+        step=pl.col("step_label").first())
+    return out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns"),
+                            type=layer_type(pl.col("name"))).sort("proc", "start")
+
+
+def _agg(by: list[str]) -> list[pl.Expr]:
+    n = pl.len().cast(pl.Int64)
+    return [n.alias("instances"), pl.col("kernels").sum(), pl.col("memops").sum(),
+            pl.col("kernel_ns").sum(), pl.col("busy_ns").sum(), pl.col("span_ns").sum(),
+            pl.col("gap_ns").sum(), pl.col("start").min().alias("first_start"),
+            pl.col("kernel_ns").median().alias("kernel_ns_median"),
+            pl.col("kernel_ns").quantile(0.9, interpolation="linear").alias("kernel_ns_p90")]
+
+
+def _layers(instances: pl.DataFrame) -> pl.DataFrame:
+    out = instances.group_by("proc", "pid", "name").agg(
+        *_agg([]), layer=pl.col("layer").first(), type=pl.col("type").first())
+    return out.sort("pid", "first_start").drop("first_start")
+
+
+def _types(instances: pl.DataFrame) -> pl.DataFrame:
+    out = instances.group_by("proc", "pid", "type").agg(*_agg([]))
+    return out.sort("pid", "first_start").drop("first_start")
+
+
+def _steps(frame: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    keys = ["proc", "step_key"]
+    data = _with_busy(frame.select(*keys, "pid", "step_label", "layer", "kind", "start", "end",
+                                   "inst", "replay"), keys)
+    per = data.group_by(keys).agg(
+        *_counts(), pid=pl.col("pid").first(), step=pl.col("step_label").first(),
+        layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
+        instances=pl.struct("inst", "replay").n_unique().cast(pl.Int64))
+    return per.sort("pid", "start").with_columns(
+        index=pl.int_range(pl.len()).over("pid")).select(
+        "pid", "index", "step", "start", "span_ns", "kernels", "memops", "kernel_ns",
+        "busy_ns", "layers", "instances", "proc", "step_key")
+
+
+def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
+    """Layers aligned across ranks (processes): per-instance kernel time per rank, skew."""
+    per = layers.with_columns(per_inst=pl.col("kernel_ns") / pl.col("instances"))
+    return per.group_by("name").agg(
+        ranks=pl.col("pid").n_unique(), pids=pl.col("pid").sort(),
+        kernels_per_inst=(pl.col("kernels") / pl.col("instances")).sort_by("pid"),
+        kernel_ns_per_inst=pl.col("per_inst").sort_by("pid"),
+        skew_ns=pl.col("per_inst").max() - pl.col("per_inst").min(),
+        first=pl.col("pid").min()).sort("name").drop("first")
+
+
+def _top_kernels(frame: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    top = frame.filter(pl.col("kind").is_in(["kernel", "graph"])).group_by(
+        "pid", "label", "name_id").agg(count=pl.len(),
+                                       kernel_ns=(pl.col("end") - pl.col("start")).sum())
+    top = top.join(names, on="name_id", how="left").with_columns(
+        kernel=pl.col("kernel").fill_null("?").map_elements(
+            short_kernel_name, return_dtype=pl.String))
+    return top.sort(["pid", "label", "kernel_ns"], descending=[False, False, True]).with_columns(
+        rank=pl.int_range(pl.len()).over("pid", "label")).filter(pl.col("rank") < 5)
+
+
+def _sequences(frame: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    """Per (pid, layer type): the most common kernel sequence of one instance."""
+    seq = frame.with_columns(type=layer_type(pl.col("label"))).sort(
+        "proc", "inst", "replay", "launch_start", "start").group_by(
+        "pid", "type", "proc", "inst", "replay", maintain_order=True).agg(
+        seq=pl.col("name_id").fill_null(-1))
+    common = seq.group_by("pid", "type", "seq").agg(n=pl.len()).sort(
+        ["pid", "type", "n"], descending=[False, False, True]).unique(
+        ["pid", "type"], keep="first", maintain_order=True)
+    lookup = dict(zip(names["name_id"].to_list(), names["kernel"].to_list(), strict=True))
+    short: dict[int, str] = {}
+
+    def name(i: int) -> str:
+        if i not in short:
+            short[i] = short_kernel_name(lookup.get(i) or "memcpy/memset")
+        return short[i]
+
+    return common.with_columns(kernels=pl.col("seq").map_elements(
+        lambda s: [name(int(i)) for i in s], return_dtype=pl.List(pl.String))).drop("seq")

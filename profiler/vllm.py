@@ -1,0 +1,49 @@
+"""Structured range names: vLLM's layerwise NVTX text, module paths and layer indices.
+
+vLLM's ``--enable-layerwise-nvtx-tracing`` (``vllm/utils/nvtx_pytorch_hooks.py``) pushes,
+for every module, a range whose text is a Python dict repr such as
+``{'Module': 'model.layers.3.self_attn', 'Inputs': [[8, 4096]], ...}``, and after the
+forward a second, empty range with the same ``'Module'`` and an ``'Outputs'`` key.
+Compiled regions appear as ``Torch Compiled Module (input):<Class>`` / ``(output)``.
+The module path is taken with a regex rather than ``ast.literal_eval`` (these strings
+are unique per shape, so there can be millions, and the regex runs vectorized in
+polars); output markers are flagged so they never count as instances.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+MODULE_RE = r"'Module':\s*'([^']+)'"
+LAYER_RE = r"(?:^|\.)layers\.(\d+)(?:\.|$)"
+LAYER_RANGE_RE = r"(?:^|\.)layers\.\d+$"
+"""A label that *is* a decoder layer (``...layers.<i>``), not one of its submodules."""
+COMPILED_RE = r"^Torch Compiled Module \((input|output)\):?(.*)$"
+
+
+def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
+    """Add ``module`` (null when the name is not vLLM's dict), ``label`` (the module path,
+    else the raw name), ``layer`` (index from ``layers.<i>``, else null), ``is_layer``
+    (the label ends at ``layers.<i>``) and ``is_output`` (vLLM's output markers)."""
+    name = pl.col("name").fill_null("")
+    module = name.str.extract(MODULE_RE, 1)
+    compiled = name.str.extract(COMPILED_RE, 2)
+    out = ranges.with_columns(
+        module=module,
+        is_output=(module.is_not_null() & name.str.contains("'Outputs'", literal=True))
+        | (name.str.extract(COMPILED_RE, 1) == "output").fill_null(False),
+        label=pl.coalesce(module, pl.when(compiled.is_not_null())
+                          .then(pl.lit("Torch Compiled Module:") + compiled), name),
+    )
+    return out.with_columns(
+        layer=pl.col("label").str.extract(LAYER_RE, 1).cast(pl.Int64),
+        is_layer=pl.col("label").str.contains(LAYER_RANGE_RE),
+    )
+
+
+def layer_type(label: pl.Expr) -> pl.Expr:
+    """A label with its layer (and other numeric path) indices replaced by ``*``:
+    ``model.layers.7.mlp`` -> ``model.layers.*.mlp``."""
+    return (label.str.replace_all(r"\.\d+(\.|$)", ".*$1")
+            .str.replace_all(r"\.\d+(\.|$)", ".*$1")  # a second pass for adjacent indices
+            .str.replace(r"_\d+$", "_*"))
