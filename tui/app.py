@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid, Vertical
+from textual.containers import Grid, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
@@ -73,6 +73,14 @@ Headline {
     width: 1fr;
 }
 
+#users, #lanes, #events {
+    scrollbar-size-vertical: 1;
+}
+
+#lanes, #events {
+    overflow-x: hidden;
+}
+
 #charts:focus, #users:focus, #lanes:focus, #events:focus {
     border: round $accent;
 }
@@ -82,7 +90,7 @@ Charts {
 }
 
 .info-box {
-    width: 90;
+    width: 100;
     max-width: 95%;
     height: auto;
     max-height: 95%;
@@ -164,7 +172,7 @@ class InfoScreen(ModalScreen[None]):
         self._text = text
 
     def compose(self) -> ComposeResult:
-        yield Vertical(Static(self._text, classes="info-text"), classes="info-box")
+        yield VerticalScroll(Static(self._text, classes="info-text"), classes="info-box")
 
     def action_dismiss_page(self) -> None:
         self.dismiss(None)

@@ -153,3 +153,53 @@ def write_synthetic_run(run_dir: Path, users: int = 1000, duration_s: float = 60
             fh.write(line + b"\n")
     (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return SyntheticRun(run_dir, users, duration_s, requests, failed, len(lines) + 1)
+
+
+class ScriptedSource:
+    """A :class:`~agentload.replay.live.SnapshotSource` for tests: a synthetic run
+    played back on a clock that moves only when told (``advance``), so every snapshot
+    is reproducible. ``live=True`` makes it behave like a running replay (``q`` asks,
+    ``request_stop`` is recorded and ends the run at the next snapshot)."""
+
+    def __init__(self, run_dir: Path, live: bool = False, start_s: float = 60.0,
+                 speed: float = 1.0) -> None:
+        from agentload.replay.live import JournalPlayback
+
+        self.now = 0.0
+        self.live = live
+        self.playback = JournalPlayback(run_dir, speed=speed, clock=lambda: self.now,
+                                        start_s=start_s)
+        self.stop_requests = 0
+        self.held: list[bool] = []
+        self.pulls = 0
+        self.empty = False
+        """Answer None (no snapshot yet), as a replay that has not started."""
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def snapshot(self) -> Any:
+        self.pulls += 1
+        if self.empty:
+            return None
+        snap = self.playback.snapshot()
+        if self.live and snap is not None:
+            from dataclasses import replace
+
+            snap = replace(snap, header=replace(snap.header, mode="live"))
+        return snap
+
+    def request_stop(self) -> None:
+        self.stop_requests += 1
+
+    def finish(self) -> None:
+        """End the (pretend) live run: the next snapshots say finished."""
+        board = self.playback.board
+        board.finish(int(self.playback.clock_ns()), "stopped from the dashboard")
+
+    def hold(self, paused: bool) -> None:
+        self.held.append(paused)
+        self.playback.hold(paused)
+
+    def close(self) -> None:
+        self.playback.close()

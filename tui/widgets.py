@@ -57,14 +57,17 @@ class HeaderBar(Static):
             mode = "FINISHED"
         elif stopping:
             mode = "STOPPING"
+        wide = self.size.width >= 120 or not self.size.width
         top = Text(no_wrap=True, overflow="ellipsis")
         top.append(" agentload ", "bold reverse")
-        top.append(f" arm {h.label}", "bold")
-        top.append(f" │ trace {h.trace} │ {h.gpus} GPU{'s' if h.gpus != 1 else ''}"
-                   f" │ {h.users} users │ ")
-        top.append(f"elapsed {f.clock(snap.elapsed_s)}", "bold")
-        top.append(f" │ remaining {f.clock(snap.remaining_s)} │ ")
+        top.append(" ")
         top.append(mode, "bold green" if mode in ("LIVE", "FINISHED") else "bold yellow")
+        top.append(f" │ {'arm ' if wide else ''}")
+        top.append(h.label, "bold")
+        top.append(f" │ {'trace ' if wide else ''}{h.trace} │ {h.gpus} GPU"
+                   f"{'s' if h.gpus != 1 else ''} │ {h.users} users │ ")
+        top.append(f"{f.clock(snap.elapsed_s)} elapsed", "bold")
+        top.append(f" │ {f.clock(snap.remaining_s)} left")
         if paused:
             top.append(" │ ")
             top.append("DISPLAY PAUSED", "bold reverse yellow")
@@ -78,37 +81,37 @@ class HeaderBar(Static):
         bottom.append("━" * min(width, filled), "green")
         bottom.append("━" * max(0, width - filled), "grey30")
         pct = f" {100 * done / total:3.0f}%" if total else ""
-        bottom.append(f"{pct} │ in flight {t.in_flight} │ users active {t.users_active}/"
+        bottom.append(f"{pct} │ in flight {t.in_flight} │ active {t.users_active}/"
                       f"{h.users} │ weighting ")
         bottom.append(weighting, "bold cyan")
         if snap.note:
             bottom.append(f" │ {snap.note}", "italic")
         elif snap.stop_reason:
             bottom.append(f" │ {snap.stop_reason}", "italic")
-        self.update(Text("\n").join([top, bottom]))
+        self.update(Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom]))
 
 
 class Headline(Static):
     """The run's headline numbers (definitions: the ``d`` key)."""
 
     LABELS: ClassVar[tuple[str, ...]] = (
-        "P90 interact.", "E2E-norm P90", "TTFT P90", "decode", "output", "tput/GPU",
-        "errors", "validity", "P50 interact.")
+        "P90 inter.", "E2E P90", "TTFT P90", "decode", "output", "per GPU",
+        "errors", "validity", "P50 inter.")
 
     def show(self, snap: LiveSnapshot, weighting: Weighting) -> None:
         hl = snap.headline(weighting)
         t = snap.totals
         verdict_style = {"valid": "bold green", "invalid": "bold red"}.get(t.verdict, "dim")
         values: list[tuple[str, str]] = [
-            (f.rate(hl.p90_interactivity_tok_s, "tok/s"), "bold"),
-            (f.rate(hl.e2e_norm_p90_interactivity_tok_s, "tok/s"), "bold"),
+            (f.rate(hl.p90_interactivity_tok_s, "t/s"), "bold"),
+            (f.rate(hl.e2e_norm_p90_interactivity_tok_s, "t/s"), "bold"),
             (f.seconds(hl.ttft_p90_s), "bold"),
-            (f.rate(hl.decode_throughput_tok_s, "tok/s"), "bold"),
-            (f.rate(hl.output_throughput_tok_s, "tok/s"), "bold"),
-            (f.rate(hl.throughput_per_gpu_tok_s, "tok/s"), "bold"),
+            (f.rate(hl.decode_throughput_tok_s, "t/s"), "bold"),
+            (f.rate(hl.output_throughput_tok_s, "t/s"), "bold"),
+            (f.rate(hl.throughput_per_gpu_tok_s, "t/s"), "bold"),
             (str(t.requests_failed), "bold red" if t.requests_failed else "bold"),
             (t.verdict, verdict_style),
-            (f.rate(hl.p50_interactivity_tok_s, "tok/s"), "bold"),
+            (f.rate(hl.p50_interactivity_tok_s, "t/s"), "bold"),
         ]
         cols = max(1, self.size.width // 12) if self.size.width else len(values)
         cols = min(cols, len(values))
@@ -119,7 +122,7 @@ class Headline(Static):
             labels.append(f" {label:<{width - 1}.{width - 1}}", "dim")
             row.append(f" {value:<{width - 1}.{width - 1}}", style)
         extra = Text(no_wrap=True, overflow="ellipsis")
-        extra.append(f" {weighting}-weighted · ", "dim")
+        extra.append(f" {weighting}-weighted · t/s = tokens/s (inter.: per user) · ", "dim")
         extra.append(f"{t.requests_done} ok, {t.requests_failed} failed")
         if t.errors_by_kind:
             extra.append(" (" + ", ".join(f"{k} {n}" for k, n in t.errors_by_kind) + ")",
@@ -129,7 +132,7 @@ class Headline(Static):
         if t.reasons:
             extra.append(" · " + "; ".join(t.reasons), "red")
         extra.append("  [d] definitions", "dim")
-        self.update(Text("\n").join([labels, row, extra]))
+        self.update(Text("\n", no_wrap=True, overflow="crop").join([labels, row, extra]))
 
 
 def spark_rows(values: list[float], rows: int, lo: float, hi: float) -> list[str]:
@@ -151,6 +154,8 @@ def spark_rows(values: list[float], rows: int, lo: float, hi: float) -> list[str
         for h in heights:
             if h < 0:
                 line.append(" ")
+            elif h == 0 and r == 0:
+                line.append("▁")  # a finite minimum keeps a baseline (blank = no data)
             else:
                 line.append(SPARK[max(0, min(8, h - base))])
         out.append("".join(line))
@@ -160,12 +165,18 @@ def spark_rows(values: list[float], rows: int, lo: float, hi: float) -> list[str
 class Charts(Widget):
     """Rolling time series: one block chart per series, as tall as the panel allows."""
 
+    ALLOW_MAXIMIZE = True
+
     COLORS: ClassVar[dict[str, str]] = {
         "interactivity_p50": "green", "interactivity_p90": "bright_green",
         "ttft_p90": "yellow", "in_flight": "cyan", "queue": "magenta", "kv_usage": "blue",
         "prefix_hit": "bright_cyan"}
-    LABEL_W = 17
-    VALUE_W = 11
+    LABEL_W = 11
+    VALUE_W = 9
+    SHORT: ClassVar[dict[str, str]] = {
+        "interactivity_p50": "inter. P50", "interactivity_p90": "inter. P90",
+        "ttft_p90": "TTFT P90", "in_flight": "in flight", "queue": "srv queue",
+        "kv_usage": "KV usage", "prefix_hit": "prefix hit"}
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -189,8 +200,15 @@ class Charts(Widget):
             values = list(s.values[-chart_w:])
             values = [math.nan] * (chart_w - len(values)) + values
             finite = [v for v in values if not math.isnan(v)]
-            lo = 0.0
             hi = max(finite) if finite else 1.0
+            # Counts and shares start at zero; latencies and rates are autoscaled (the
+            # scale is printed) so a 10 % change is visible.
+            lo = 0.0 if s.unit in ("req", "%") or not finite else min(finite)
+            if s.unit in ("req", "%") or hi - lo <= 0:
+                lo = 0.0
+            else:
+                lo -= (hi - lo) * 0.15
+                lo = max(0.0, lo)
             if s.unit == "%":
                 hi = max(hi, 100.0) if s.key == "kv_usage" else max(hi, 1.0)
             rows = spark_rows(values, per, lo, hi)
@@ -198,9 +216,13 @@ class Charts(Widget):
             for i, chart in enumerate(rows):
                 line = Text(no_wrap=True, overflow="crop")
                 if i == 0:
-                    line.append(f"{s.label:<{self.LABEL_W}.{self.LABEL_W}}")
+                    label = self.SHORT.get(s.key, s.label)
+                    line.append(f"{label:<{self.LABEL_W}.{self.LABEL_W}}")
                 elif i == 1 and per >= 2:
                     line.append(f"{'max ' + f.series_value(hi, s.unit):>{self.LABEL_W - 1}} ",
+                                "dim")
+                elif i == per - 1 and per >= 3:
+                    line.append(f"{'min ' + f.series_value(lo, s.unit):>{self.LABEL_W - 1}} ",
                                 "dim")
                 else:
                     line.append(" " * self.LABEL_W)
@@ -220,8 +242,8 @@ def lane_cells(v: LaneView) -> tuple[str, ...]:
     else:
         turn = f"{v.turn}/{v.turns}"
     state = STATE_LABELS[v.state]
-    if v.subagents and v.state in ("subagents", "decoding", "prefilling"):
-        state += f" ({v.subagents})"
+    if v.state == "subagents":
+        state = f"subagents x{v.subagents}"
     return (str(v.lane), v.session or "", turn, state, f.seconds(v.last_itl_s),
             f.rate(v.p90_interactivity_tok_s), str(v.requests), str(v.errors))
 
@@ -230,12 +252,12 @@ class UsersTable(DataTable[str | Text]):
     """One row per user lane, updated cell by cell (never cleared, so no flicker)."""
 
     COLUMNS: ClassVar[tuple[tuple[str, str, int], ...]] = (
-        ("lane", "lane", 5), ("session", "session", 14), ("turn", "turn", 7),
-        ("state", "state", 16), ("itl", "last ITL", 9), ("p90", "P90 tok/s", 9),
-        ("reqs", "reqs", 5), ("err", "err", 4))
+        ("lane", "lane", 4), ("session", "session", 8), ("turn", "turn", 5),
+        ("state", "state", 13), ("itl", "ITL", 6), ("p90", "P90", 6),
+        ("reqs", "reqs", 4), ("err", "err", 3))
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False, cell_padding=0)
         self._views: dict[int, LaneView] = {}
         self._cells: dict[int, tuple[str, ...]] = {}
         self.cell_updates = 0
@@ -243,7 +265,7 @@ class UsersTable(DataTable[str | Text]):
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
-            self.add_column(label, key=key, width=width)
+            self.add_column(label, key=key, width=width + 1)  # one space between columns
 
     @staticmethod
     def _cell(col: int, value: str, state: str) -> str | Text:
@@ -281,7 +303,7 @@ class LanesStrip(ScrollView):
     re-built only when its history changed.
     """
 
-    DEFAULT_CSS = "LanesStrip { height: 1fr; }"
+    DEFAULT_CSS = "LanesStrip { height: 1fr; overflow-x: hidden; }"
     LABEL_W = 6
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -295,7 +317,7 @@ class LanesStrip(ScrollView):
     def show(self, snap: LiveSnapshot) -> None:
         self._strips = snap.strips
         self._lanes = snap.lanes
-        self.virtual_size = Size(self.size.width, len(snap.strips))
+        self.virtual_size = Size(0, len(snap.strips))
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
@@ -330,10 +352,12 @@ class LanesStrip(ScrollView):
 
     @staticmethod
     def legend() -> Text:
+        short = {"decoding": "decode", "prefilling": "prefill", "subagents": "subs",
+                 "pausing": "pause"}
         text = Text()
-        for state in ("decoding", "prefilling", "subagents", "pausing", "waiting"):
+        for state, label in short.items():
             text.append(STATE_GLYPHS[state], STATE_STYLES[state])
-            text.append(f" {STATE_LABELS[state]}  ")
+            text.append(f"{label} ")
         return text
 
 
