@@ -1,0 +1,456 @@
+"""CuTe DSL kernel definitions (imported only to compile; needs ``nvidia-cutlass-dsl``).
+
+Every kernel is a class: its configuration (hidden size, rows, threads, ...) is plain
+Python on ``self`` and therefore compile-time; ``__call__`` is the ``@cute.jit`` host
+launcher and ``kernel`` the ``@cute.kernel`` device code. Each thread moves 16 bytes per
+access (8 bf16); sums are float32; weights are read with the streaming cache policy
+(``ld.global.cs``) because a decode step reads each weight once. No mixed bf16->f32 FMA is
+used (that instruction is SM100-only): operands are converted to float32 first.
+
+The torch-facing wrappers, shape checks and the compile cache live in ``ops.py`` and
+``_cache.py``; this module has no torch dependency.
+"""
+
+# mypy: ignore-errors
+# The DSL rewrites these functions' Python AST at trace time; its dynamic types are not
+# expressible for mypy, so this one module is excluded from strict typing.
+
+from __future__ import annotations
+
+import operator
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+
+V = 8  # bf16 values per 16-byte access
+
+
+def _vec_atom(cache: object | None = None) -> object:
+    if cache is None:
+        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+    return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
+                               load_cache_mode=cache)
+
+
+def _row_vec(t: object, row: object, col: object) -> object:
+    """The 8-element vector ``col`` of row ``row`` of a 2-D row-major tensor."""
+    return cute.local_tile(t, (1, V), (row, col))[0, None]
+
+
+@cute.jit
+def _block_sum(val: Float32, warps: int, scratch: object) -> Float32:
+    """Sum one float over the block: warp shuffle, then ``warps`` partials in smem."""
+    warp = cute.arch.warp_idx()
+    lane = cute.arch.lane_idx()
+    val = cute.arch.warp_reduction_sum(val)
+    if lane == 0:
+        scratch[warp] = val
+    cute.arch.sync_threads()
+    return scratch.load().reduce(cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+
+
+class AddRMSNorm:
+    """``h = residual + sum_s x[:, s]``; ``out = h * rsqrt(mean(h^2) + eps) * w``.
+
+    One CTA per row; writes ``h`` (the new residual) and ``out``. ``slots`` > 1 folds the
+    MoE combine (sum of routed + shared expert outputs) into the same pass.
+    """
+
+    def __init__(self, hidden: int, slots: int, threads: int) -> None:
+        self.H, self.S, self.T = hidden, slots, threads
+        self.NV = hidden // (threads * V)
+        self.W = threads // 32
+
+    @cute.jit
+    def __call__(self, mX, mR, mW, mO, mRO, eps: Float32, stream):
+        m = mR.shape[0]
+        self.kernel(mX, mR, mW, mO, mRO, eps).launch(
+            grid=[m, 1, 1], block=[self.T, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+               mRO: cute.Tensor, eps: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        T: cutlass.Constexpr = self.T
+        atom = _vec_atom()
+        vals = []
+        ss = Float32(0.0)
+        for i in cutlass.range_constexpr(self.NV):
+            col = i * T + tidx
+            rr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(atom, _row_vec(mR, row, col), rr)
+            acc = rr.load().to(Float32)
+            for s in cutlass.range_constexpr(self.S):
+                xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(atom, cute.local_tile(mX, (1, 1, V), (row, s, col))[0, 0, None], xr)
+                acc = acc + xr.load().to(Float32)
+            hb = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            hb.store(acc.to(BFloat16))
+            cute.copy(atom, hb, _row_vec(mRO, row, col))
+            hf = hb.load().to(Float32)
+            ss = ss + (hf * hf).reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
+                                       reduction_profile=0)
+            vals.append(hf)
+        smem = cutlass.utils.SmemAllocator()
+        scratch = smem.allocate_tensor(Float32, cute.make_layout((self.W,)), byte_alignment=16)
+        tot = _block_sum(ss, self.W, scratch)
+        rstd = cute.math.rsqrt(tot / Float32(self.H) + eps)
+        for i in cutlass.range_constexpr(self.NV):
+            col = i * T + tidx
+            wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(atom, _row_vec(mW, 0, col), wr)
+            ob = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            ob.store((vals[i] * rstd * wr.load().to(Float32)).to(BFloat16))
+            cute.copy(atom, ob, _row_vec(mO, row, col))
+
+
+class SiluMul:
+    """``out[m, j] = silu(x[m, j]) * x[m, I + j]`` for ``x`` of shape ``[M, 2I]``."""
+
+    def __init__(self, inter: int, threads: int) -> None:
+        self.I, self.T = inter, threads
+
+    @cute.jit
+    def __call__(self, mX, mO, stream):
+        m = mO.shape[0]
+        cols = self.I // V
+        self.kernel(mX, mO).launch(grid=[(cols + self.T - 1) // self.T, m, 1],
+                                   block=[self.T, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mO: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, row, _ = cute.arch.block_idx()
+        col = bx * self.T + tidx
+        atom = _vec_atom()
+        if col < self.I // V:
+            g = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            u = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(atom, _row_vec(mX, row, col), g)
+            cute.copy(atom, _row_vec(mX, row, col + self.I // V), u)
+            gf = g.load().to(Float32)
+            o = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            o.store((gf / (1.0 + cute.math.exp(-gf)) * u.load().to(Float32)).to(BFloat16))
+            cute.copy(atom, o, _row_vec(mO, row, col))
+
+
+class Gemv:
+    """Small-batch ``y[M, N] = x[M, K] @ W[N, K]^T`` (+ ``residual``), M unrolled (<= 16).
+
+    One CTA owns ``opb`` output rows over the whole K; each thread takes 8 bf16 of K per
+    tile (``threads * 8`` per tile); float32 accumulators; warp shuffle, then smem across
+    warps. With ``fuse_norm`` the epilogue also accumulates each row's sum of squares and
+    the last CTA to finish (a global counter) writes ``rmsnorm(y) * w`` for all rows: the
+    o-projection + residual + next RMSNorm chain in one launch.
+    """
+
+    def __init__(self, k: int, rows: int, threads: int, opb: int, residual: bool,
+                 fuse_norm: bool = False) -> None:
+        self.K, self.M, self.T, self.OPB = k, rows, threads, opb
+        self.residual, self.fuse_norm = residual, fuse_norm
+        self.NKT = k // (threads * V)
+        self.W = threads // 32
+
+    @cute.jit
+    def __call__(self, mX, mW, mR, mY, mNW, mNO, mWs, mCnt, eps: Float32, stream):
+        n = mW.shape[0]
+        smem = self.M * self.OPB * self.W * 4 + 64
+        self.kernel(mX, mW, mR, mY, mNW, mNO, mWs, mCnt, eps).launch(
+            grid=[n // self.OPB, 1, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
+            min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
+               mNW: cute.Tensor, mNO: cute.Tensor, mWs: cute.Tensor, mCnt: cute.Tensor,
+               eps: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        nblocks, _, _ = cute.arch.grid_dim()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        M: cutlass.Constexpr = self.M
+        OPB: cutlass.Constexpr = self.OPB
+        T: cutlass.Constexpr = self.T
+        NW: cutlass.Constexpr = self.W
+        ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
+        acc = cute.make_rmem_tensor(cute.make_layout((M, OPB), stride=(OPB, 1)), Float32)
+        acc.fill(0.0)
+        n0 = bid * OPB
+        for kt in cutlass.range_constexpr(self.NKT):
+            col = kt * T + tidx
+            wv = []
+            for j in cutlass.range_constexpr(OPB):
+                wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_w, _row_vec(mW, n0 + j, col), wr)
+                wv.append(wr)
+            xv = []
+            for m in cutlass.range_constexpr(M):
+                xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_x, _row_vec(mX, m, col), xr)
+                xv.append(xr)
+            for j in cutlass.range_constexpr(OPB):
+                wf = wv[j].load().to(Float32)
+                for m in cutlass.range_constexpr(M):
+                    acc[m, j] = acc[m, j] + (wf * xv[m].load().to(Float32)).reduce(
+                        cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+        for m in cutlass.range_constexpr(M):
+            for j in cutlass.range_constexpr(OPB):
+                acc[m, j] = cute.arch.warp_reduction_sum(acc[m, j])
+        smem = cutlass.utils.SmemAllocator()
+        part = smem.allocate_tensor(
+            Float32, cute.make_layout((M * OPB, NW), stride=(NW, 1)), byte_alignment=16)
+        flag = smem.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
+        if lane == 0:
+            for m in cutlass.range_constexpr(M):
+                for j in cutlass.range_constexpr(OPB):
+                    part[m * OPB + j, warp] = acc[m, j]
+        cute.arch.sync_threads()
+        if tidx < M * OPB:
+            m = tidx // OPB
+            j = tidx - m * OPB
+            tot = part[tidx, None].load().reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
+                                                 reduction_profile=0)
+            if cutlass.const_expr(self.residual):
+                tot = tot + mR[m, n0 + j].to(Float32)
+            yb = Float32(tot).to(BFloat16)
+            mY[m, n0 + j] = yb
+            if cutlass.const_expr(self.fuse_norm):
+                yf = yb.to(Float32)
+                cute.arch.atomic_add(mWs.iterator + m, yf * yf, sem="relaxed", scope="gpu")
+                cute.arch.fence_acq_rel_gpu()
+        if cutlass.const_expr(self.fuse_norm):
+            cute.arch.sync_threads()
+            if tidx == 0:
+                old = cute.arch.atomic_add(mCnt.iterator, Int32(1), sem="acq_rel", scope="gpu")
+                flag[0] = Int32(0)
+                if old == nblocks - 1:
+                    flag[0] = Int32(1)
+            cute.arch.sync_threads()
+            if flag[0] == 1:
+                self.normalize(mY, mNW, mNO, mWs, mCnt, eps, tidx)
+
+    @cute.jit
+    def normalize(self, mY, mNW, mNO, mWs, mCnt, eps: Float32, tidx):
+        """Last CTA: every row of ``y`` is complete; write ``rmsnorm(y) * w``, re-arm."""
+        cute.arch.fence_acq_rel_gpu()
+        n = mY.shape[1]
+        ld_l2 = _vec_atom(cute.nvgpu.LoadCacheMode.GLOBAL)
+        st = _vec_atom()
+        for m in cutlass.range_constexpr(self.M):
+            ss = cute.arch.atomic_add(mWs.iterator + m, Float32(0.0), sem="acq_rel", scope="gpu")
+            rstd = cute.math.rsqrt(ss / Float32(n) + eps)
+            for c in cutlass.range(tidx, n // V, self.T):
+                yr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_l2, _row_vec(mY, m, c), yr)
+                cute.copy(ld_l2, _row_vec(mNW, 0, c), wr)
+                ob = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                ob.store((yr.load().to(Float32) * rstd * wr.load().to(Float32)).to(BFloat16))
+                cute.copy(st, ob, _row_vec(mNO, m, c))
+        cute.arch.sync_threads()
+        if tidx < self.M:
+            cute.arch.atomic_exch(mWs.iterator + tidx, Float32(0.0), sem="relaxed", scope="gpu")
+        if tidx == 0:
+            cute.arch.atomic_exch(mCnt.iterator, Int32(0), sem="relaxed", scope="gpu")
+
+
+class GroupedGemv:
+    """MoE expert GEMV over (token, slot) rows: ``y[r] = scale[r] * x[r // div] @ W[id[r]]^T``.
+
+    ``W`` is ``[E, N, K]``; ``ids``/``scale`` come from the router (one entry per slot,
+    the shared expert as the last slot). With ``silu`` the CTA computes gate rows
+    ``n`` and up rows ``N/2 + n`` and writes ``silu(gate) * up`` (``[R, N/2]``): the expert
+    gate/up projection and its activation in one launch.
+    """
+
+    def __init__(self, k: int, threads: int, opb: int, div: int, silu: bool) -> None:
+        self.K, self.T, self.OPB, self.DIV, self.SILU = k, threads, opb, div, silu
+        self.NKT = k // (threads * V)
+        self.W = threads // 32
+
+    @cute.jit
+    def __call__(self, mX, mW, mIds, mScale, mY, stream):
+        n_out = mY.shape[1]
+        r = mY.shape[0]
+        smem = 2 * self.OPB * self.W * 4 + 64
+        self.kernel(mX, mW, mIds, mScale, mY).launch(
+            grid=[n_out // self.OPB, r, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
+            min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mIds: cute.Tensor, mScale: cute.Tensor,
+               mY: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, r, _ = cute.arch.block_idx()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        OPB: cutlass.Constexpr = self.OPB
+        T: cutlass.Constexpr = self.T
+        NW: cutlass.Constexpr = self.W
+        NR: cutlass.Constexpr = 2 * self.OPB if self.SILU else self.OPB
+        ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
+        e = mIds[r]
+        src = r // self.DIV
+        half = mW.shape[1] // 2
+        n0 = bid * OPB
+        wE = mW[e, None, None]
+        acc = cute.make_rmem_tensor(cute.make_layout((NR,)), Float32)
+        acc.fill(0.0)
+        for kt in cutlass.range_constexpr(self.NKT):
+            col = kt * T + tidx
+            xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(ld_x, _row_vec(mX, src, col), xr)
+            wv = []
+            for j in cutlass.range_constexpr(NR):
+                wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                nrow = n0 + j
+                if cutlass.const_expr(self.SILU and j >= OPB):
+                    nrow = half + n0 + (j - OPB)
+                cute.copy(ld_w, _row_vec(wE, nrow, col), wr)
+                wv.append(wr)
+            xf = xr.load().to(Float32)
+            for j in cutlass.range_constexpr(NR):
+                acc[j] = acc[j] + (wv[j].load().to(Float32) * xf).reduce(
+                    cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+        for j in cutlass.range_constexpr(NR):
+            acc[j] = cute.arch.warp_reduction_sum(acc[j])
+        smem = cutlass.utils.SmemAllocator()
+        part = smem.allocate_tensor(Float32, cute.make_layout((NR, NW), stride=(NW, 1)),
+                                    byte_alignment=16)
+        if lane == 0:
+            for j in cutlass.range_constexpr(NR):
+                part[j, warp] = acc[j]
+        cute.arch.sync_threads()
+        if tidx < OPB:
+            tot = part[tidx, None].load().reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
+                                                 reduction_profile=0)
+            if cutlass.const_expr(self.SILU):
+                up = part[tidx + OPB, None].load().reduce(
+                    cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+                tot = tot / (1.0 + cute.math.exp(-tot)) * up
+            else:
+                tot = tot * mScale[r]
+            mY[r, n0 + tidx] = Float32(tot).to(BFloat16)
+
+
+class Router:
+    """MoE router for one token per CTA: logits, sigmoid scoring, grouped top-k, weights.
+
+    ``logits[e] = x . Wr[e]``; ``score = sigmoid(logit)``; selection uses ``score + bias``;
+    groups are ranked by the sum of their two best biased scores, the best ``topk_group``
+    groups kept, then the ``k`` best experts inside them; weights are the unbiased scores,
+    normalized to sum 1 and multiplied by ``scale``. With ``shared`` a last slot
+    (id ``E``, weight 1) is appended for the shared expert. ``E`` <= 64 (fully unrolled).
+    """
+
+    def __init__(self, hidden: int, experts: int, k: int, groups: int, topk_group: int,
+                 scale: float, shared: bool) -> None:
+        self.H, self.E, self.K, self.G, self.TG = hidden, experts, k, groups, topk_group
+        self.scale, self.shared = scale, shared
+        self.T = 256
+        self.NW = self.T // 32
+        self.NH = hidden // (32 * V)
+
+    @cute.jit
+    def __call__(self, mX, mWr, mBias, mLogits, mIds, mWts, stream):
+        m = mX.shape[0]
+        self.kernel(mX, mWr, mBias, mLogits, mIds, mWts).launch(
+            grid=[m, 1, 1], block=[self.T, 1, 1], smem=4 * (2 * self.E + 64), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mWr: cute.Tensor, mBias: cute.Tensor,
+               mLogits: cute.Tensor, mIds: cute.Tensor, mWts: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        E: cutlass.Constexpr = self.E
+        NW: cutlass.Constexpr = self.NW
+        ld = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        smem = cutlass.utils.SmemAllocator()
+        score = smem.allocate_tensor(Float32, cute.make_layout((E,)), byte_alignment=16)
+        sel = smem.allocate_tensor(Float32, cute.make_layout((E,)), byte_alignment=16)
+        xv = []
+        for h in cutlass.range_constexpr(self.NH):
+            xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(ld, _row_vec(mX, row, h * 32 + lane), xr)
+            xv.append(xr.load().to(Float32))
+        for eb in cutlass.range_constexpr((E + NW - 1) // NW):
+            e = eb * NW + warp
+            if e < E:
+                d = Float32(0.0)
+                for h in cutlass.range_constexpr(self.NH):
+                    wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    cute.copy(ld, _row_vec(mWr, e, h * 32 + lane), wr)
+                    d = d + (wr.load().to(Float32) * xv[h]).reduce(
+                        cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+                d = cute.arch.warp_reduction_sum(d)
+                if lane == 0:
+                    mLogits[row, e] = d
+                    s = 1.0 / (1.0 + cute.math.exp(-d))
+                    score[e] = s
+                    sel[e] = s + mBias[e]
+        cute.arch.sync_threads()
+        if tidx == 0:
+            self.select(score, sel, mIds, mWts, row)
+
+    @cute.jit
+    def select(self, score, sel, mIds, mWts, row):
+        E: cutlass.Constexpr = self.E
+        G: cutlass.Constexpr = self.G
+        EG: cutlass.Constexpr = self.E // self.G
+        neg = Float32(-3.0e38)
+        if cutlass.const_expr(self.TG < G):
+            # Group score: the sum of the two best biased scores of each group.
+            gs = cute.make_rmem_tensor(cute.make_layout((G,)), Float32)
+            for g in cutlass.range_constexpr(G):
+                b1 = neg
+                b2 = neg
+                for i in cutlass.range_constexpr(EG):
+                    v = sel[g * EG + i]
+                    if v > b1:
+                        b2 = b1
+                        b1 = v
+                    elif v > b2:
+                        b2 = v
+                gs[g] = b1 + b2
+            for _t in cutlass.range_constexpr(self.TG):
+                best = neg
+                bi = Int32(0)
+                for g in cutlass.range_constexpr(G):
+                    if gs[g] > best:
+                        best = gs[g]
+                        bi = Int32(g)
+                gs[bi] = Float32(-2.0e38)  # taken (kept apart from never-chosen groups)
+            for g in cutlass.range_constexpr(G):
+                if gs[g] > Float32(-1.0e38):
+                    for i in cutlass.range_constexpr(EG):
+                        sel[g * EG + i] = neg
+        total = Float32(0.0)
+        ids = cute.make_rmem_tensor(cute.make_layout((self.K,)), Int32)
+        wts = cute.make_rmem_tensor(cute.make_layout((self.K,)), Float32)
+        for t in cutlass.range_constexpr(self.K):
+            best = neg
+            bi = Int32(0)
+            for e in cutlass.range_constexpr(E):
+                if sel[e] > best:
+                    best = sel[e]
+                    bi = Int32(e)
+            sel[bi] = Float32(-3.3e38)
+            ids[t] = bi
+            wts[t] = score[bi]
+            total = total + score[bi]
+        inv = Float32(self.scale) / total
+        for t in cutlass.range_constexpr(self.K):
+            mIds[row, t] = ids[t]
+            mWts[row, t] = wts[t] * inv
+        if cutlass.const_expr(self.shared):
+            mIds[row, self.K] = Int32(self.E)
+            mWts[row, self.K] = Float32(1.0)
+
+
+_ = operator  # kept for inline reductions in future variants

@@ -1,0 +1,536 @@
+"""``agentload bench kernels``: per-op and per-layer timings against the measured ceilings.
+
+Per op (add+RMSNorm, GEMV, SiLU-and-mul, router, the fused o-proj chain), at batch 1, 8
+and 64: µs per call, achieved GB/s (the fewest bytes the op must move) and its share of
+the measured copy ceiling, the kernel count, and the same for the torch version. Per
+layer (the scaled-down MoE layer of ``layer.py``): standard eager, standard under a CUDA
+graph, fused eager, fused under a CUDA graph and torch.compile, against the layer's
+weight-streaming speed of light. Every kernel result is checked against its float64
+reference (outputs poisoned with NaN first) before it is timed.
+
+Timing (METHOD.md): a CUDA graph of one call per rotating buffer set (sets together
+> 4x L2), replayed after warm-up; the median replay over the calls in it is the per-call
+time. Layers are timed as a stack of ``layers`` distinct layers (no weight reuse in L2)
+divided by the stack depth. Finally one step of each path is captured with
+``torch.profiler``; the Kineto trace is saved and its per-layer table printed (kernels
+and GPU µs inside each ``layer<i>.<path>`` range).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentload.kernels import ceilings as ceil_mod
+from agentload.kernels import ops, reference
+from agentload.kernels.layer import MoELayer
+from agentload.kernels.presets import (
+    BATCHES,
+    GEMV_ROWS,
+    GEMV_SHAPES,
+    NORM_HIDDEN,
+    SILU_INTER,
+    LayerConfig,
+    gemv_variants,
+)
+
+_BF16 = torch.bfloat16
+Fn = Callable[[], Any]
+
+
+# -- timing ---------------------------------------------------------------------------------
+def graph_us(calls: Sequence[Fn], *, reps: int = 15, min_calls: int = 20) -> float:
+    """Median µs per call of ``calls`` captured in one CUDA graph and replayed."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    seq = list(calls) * max(1, -(-min_calls // len(calls)))
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in seq[:2]:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for c in seq:
+            c()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times) * 1e3 / len(seq)
+
+
+def eager_us(fn: Fn, *, reps: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times) * 1e3
+
+
+def kernel_count(fn: Fn) -> int:
+    """CUDA kernels one call of ``fn`` launches (torch.profiler / CUPTI, Kineto trace)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return sum(1 for e in events if e.get("cat") == "kernel")
+
+
+def _sets(bytes_per_call: int, l2: int) -> int:
+    return int(min(64, max(2, -(-4 * l2 // max(1, bytes_per_call)))))
+
+
+def _poisoned(shape: tuple[int, ...], dtype: torch.dtype = _BF16) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+# -- results --------------------------------------------------------------------------------
+class Report:
+    """Rows printed as they come and kept for the JSON file."""
+
+    def __init__(self, ceil: ceil_mod.Ceilings, out: Path | None) -> None:
+        self.ceil, self.out = ceil, out
+        self.ops: list[dict[str, Any]] = []
+        self.layers: list[dict[str, Any]] = []
+        self.trace: list[dict[str, Any]] = []
+        self.checks: list[dict[str, Any]] = []
+
+    def check(self, name: str, err: float, tol: float) -> None:
+        ok = err <= tol
+        self.checks.append({"name": name, "rel_err": err, "tol": tol, "ok": ok})
+        if not ok:
+            print(f"  CHECK FAILED {name}: rel err {err:.3g} > {tol:g}", flush=True)
+
+    def op(self, name: str, batch: int, nbytes: int, ours: float | None, torch_us: float,
+           k_ours: int | None, k_torch: int, note: str = "") -> None:
+        gb = self.ceil.copy_gbps
+
+        def pct(us: float | None) -> float | None:
+            return None if us is None else nbytes / (us * 1e-6) / 1e9 / gb * 100
+
+        row = {"op": name, "batch": batch, "bytes": nbytes, "ours_us": ours,
+               "torch_us": torch_us, "ours_pct_copy": pct(ours), "torch_pct_copy": pct(torch_us),
+               "ours_kernels": k_ours, "torch_kernels": k_torch, "note": note}
+        self.ops.append(row)
+        o = "   -   " if ours is None else f"{ours:7.1f}"
+        po = "  -  " if ours is None else f"{pct(ours):5.1f}"
+        print(f"{name:<28}{batch:>4} {nbytes / 1e6:9.2f} {o} {po}% {k_ours or '-':>3}  "
+              f"{torch_us:7.1f} {pct(torch_us):5.1f}% {k_torch:>3}  {note}", flush=True)
+        self.save()
+
+    def save(self) -> None:
+        if self.out is None:
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps({
+            "ceilings": {"gpu": self.ceil.gpu, "copy_gbps": self.ceil.copy_gbps,
+                         "bf16_tflops": self.ceil.bf16_tflops},
+            "ops": self.ops, "layers": self.layers, "trace": self.trace,
+            "checks": self.checks}, indent=1, default=str))
+
+
+# -- per-op ---------------------------------------------------------------------------------
+def bench_norm(rep: Report, hidden: int, batch: int) -> None:
+    l2 = rep.ceil.l2_bytes
+    nbytes = 4 * batch * hidden * 2 + hidden * 2
+    sets = _sets(nbytes, l2)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(_BF16)
+    xs = [torch.randn(batch, hidden, device="cuda").to(_BF16) for _ in range(sets)]
+    rs = [torch.randn(batch, hidden, device="cuda").to(_BF16) for _ in range(sets)]
+    outs = [_poisoned((batch, hidden)) for _ in range(sets)]
+    ros = [_poisoned((batch, hidden)) for _ in range(sets)]
+    ops.add_rmsnorm(xs[0], rs[0], w, out=outs[0], residual_out=ros[0])
+    ref_o, ref_h = reference.add_rmsnorm(xs[0], rs[0], w)
+    rep.check(f"add_rmsnorm h{hidden} b{batch} out", reference.rel_err(outs[0], ref_o),
+              reference.BF16_TOL)
+    rep.check(f"add_rmsnorm h{hidden} b{batch} h", reference.rel_err(ros[0], ref_h),
+              reference.BF16_TOL)
+    ours = graph_us([lambda i=i: ops.add_rmsnorm(xs[i], rs[i], w, out=outs[i],
+                                                 residual_out=ros[i]) for i in range(sets)])
+
+    def torch_norm(i: int) -> Any:
+        h = xs[i] + rs[i]
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(_BF16)
+
+    tt = graph_us([lambda i=i: torch_norm(i) for i in range(sets)])
+    kt = kernel_count(lambda: torch_norm(0))
+    rep.op(f"add+rmsnorm h{hidden}", batch, nbytes, ours, tt, 1, kt)
+
+
+def bench_silu(rep: Report, inter: int, batch: int) -> None:
+    nbytes = batch * inter * 2 * 3
+    sets = _sets(nbytes, rep.ceil.l2_bytes)
+    xs = [torch.randn(batch, 2 * inter, device="cuda").to(_BF16) for _ in range(sets)]
+    outs = [_poisoned((batch, inter)) for _ in range(sets)]
+    ops.silu_mul(xs[0], out=outs[0])
+    rep.check(f"silu_mul i{inter} b{batch}", reference.rel_err(outs[0], reference.silu_mul(xs[0])),
+              reference.BF16_TOL)
+    ours = graph_us([lambda i=i: ops.silu_mul(xs[i], out=outs[i]) for i in range(sets)])
+
+    def torch_silu(i: int) -> Any:
+        return torch.nn.functional.silu(xs[i][:, :inter]) * xs[i][:, inter:]
+
+    tt = graph_us([lambda i=i: torch_silu(i) for i in range(sets)])
+    rep.op(f"silu_mul i{inter}", batch, nbytes, ours, tt, 1, kernel_count(lambda: torch_silu(0)))
+
+
+def bench_gemv(rep: Report, name: str, k: int, n: int, rows: int) -> None:
+    nbytes = n * k * 2 + rows * (k + n) * 2
+    sets = _sets(nbytes, rep.ceil.l2_bytes)
+    ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(_BF16) for _ in range(sets)]
+    xs = [torch.randn(rows, k, device="cuda").to(_BF16) for _ in range(sets)]
+    ys = [_poisoned((rows, n)) for _ in range(sets)]
+    ref = reference.gemv(xs[0], ws[0])
+    best: tuple[float, str] | None = None
+    for spec in gemv_variants(k, n, rows):
+        opb, t = int(spec.get("opb")), int(spec.get("t"))
+        ys[0].fill_(float("nan"))
+        try:
+            ops.gemv(xs[0], ws[0], out=ys[0], opb=opb, threads=t)
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip {spec.key()}: {str(exc)[:120]}", flush=True)
+            continue
+        rep.check(f"gemv {k}x{n} m{rows} t{t} opb{opb}", reference.rel_err(ys[0], ref),
+                  reference.BF16_TOL)
+        us = graph_us([lambda i=i, o=opb, tt=t: ops.gemv(xs[i], ws[i], out=ys[i], opb=o,
+                                                          threads=tt) for i in range(sets)])
+        if best is None or us < best[0]:
+            best = (us, f"t{t} opb{opb}")
+    cublas = graph_us([lambda i=i: torch.matmul(xs[i], ws[i].T, out=ys[i])
+                       for i in range(sets)])
+    rep.op(name, rows, nbytes, None if best is None else best[0], cublas,
+           None if best is None else 1, kernel_count(lambda: torch.matmul(xs[0], ws[0].T)),
+           note="" if best is None else f"best {best[1]}; torch = cuBLAS")
+
+
+def bench_router(rep: Report, cfg: LayerConfig, batch: int) -> None:
+    h, e = cfg.hidden, cfg.experts
+    x = torch.randn(batch, h, device="cuda").to(_BF16)
+    wr = (torch.randn(e, h, device="cuda") * h ** -0.5).to(_BF16)
+    bias = 0.1 * torch.randn(e, device="cuda")
+    s = cfg.slots
+    lg, ii, ww = (_poisoned((batch, e), torch.float32),
+                  torch.full((batch, s), -1, dtype=torch.int32, device="cuda"),
+                  _poisoned((batch, s), torch.float32))
+    kw = {"topk": cfg.topk, "groups": cfg.groups, "topk_group": cfg.topk_group,
+          "scale": cfg.routed_scale, "shared": True}
+
+    def ours() -> Any:
+        return ops.moe_router(x, wr, bias, logits=lg, ids=ii, weights=ww, **kw)
+
+    ours()
+    ref_lg, _, _ = reference.router(x, wr, bias, cfg.topk, cfg.groups, cfg.topk_group,
+                                    cfg.routed_scale)
+    rep.check(f"router b{batch} logits", reference.rel_err(lg, ref_lg), reference.F32_TOL)
+    ids_k, w_k = reference.router_select(lg, bias, cfg.topk, cfg.groups, cfg.topk_group,
+                                         cfg.routed_scale)
+    same = bool((ii[:, :cfg.topk].long().sort(1).values == ids_k.sort(1).values).all())
+    rep.check(f"router b{batch} ids (on its own logits)", 0.0 if same else 1.0, 0.0)
+    order = ii[:, :cfg.topk].long().argsort(1)
+    kw_sorted = ww[:, :cfg.topk].gather(1, order)
+    ref_sorted = w_k.gather(1, ids_k.argsort(1))
+    rep.check(f"router b{batch} weights", reference.rel_err(kw_sorted, ref_sorted),
+              reference.F32_TOL)
+    layer = MoELayer.__new__(MoELayer)
+    layer.cfg, layer.bias = cfg, bias
+
+    def torch_router() -> Any:
+        return layer._select_torch((x @ wr.T).float())
+
+    nbytes = e * h * 2 + batch * h * 2
+    rep.op("router (logits+grouped topk)", batch, nbytes, graph_us([ours]),
+           graph_us([torch_router]), 1, kernel_count(torch_router))
+
+
+def bench_oproj(rep: Report, cfg: LayerConfig, batch: int) -> None:
+    h = cfg.hidden
+    sets = _sets(h * h * 2, rep.ceil.l2_bytes)
+    wos = [(torch.randn(h, h, device="cuda") * h ** -0.5).to(_BF16) for _ in range(sets)]
+    nw = (1 + 0.1 * torch.randn(h, device="cuda")).to(_BF16)
+    v = torch.randn(batch, h, device="cuda").to(_BF16)
+    res = torch.randn(batch, h, device="cuda").to(_BF16)
+    hs = [_poisoned((batch, h)) for _ in range(sets)]
+    ns = [_poisoned((batch, h)) for _ in range(sets)]
+    ops.oproj_residual_rmsnorm(v, wos[0], res, nw, h_out=hs[0], normed_out=ns[0])
+    ref_n, ref_h = reference.add_rmsnorm(reference.gemv(v, wos[0]), res, nw)
+    rep.check(f"oproj+res+rmsnorm b{batch} h", reference.rel_err(hs[0], ref_h),
+              reference.BF16_TOL)
+    rep.check(f"oproj+res+rmsnorm b{batch} normed", reference.rel_err(ns[0], ref_n),
+              reference.BF16_TOL)
+    # Re-armed scratch: a second call must give the same answer.
+    ns[0].fill_(float("nan"))
+    ops.oproj_residual_rmsnorm(v, wos[0], res, nw, h_out=hs[0], normed_out=ns[0])
+    rep.check(f"oproj+res+rmsnorm b{batch} second call", reference.rel_err(ns[0], ref_n),
+              reference.BF16_TOL)
+    ours = graph_us([lambda i=i: ops.oproj_residual_rmsnorm(v, wos[i], res, nw, h_out=hs[i],
+                                                           normed_out=ns[i])
+                     for i in range(sets)])
+
+    def torch_chain(i: int) -> Any:
+        hh = res + v @ wos[i].T
+        return hh, MoELayer_rms(hh, nw)
+
+    tt = graph_us([lambda i=i: torch_chain(i) for i in range(sets)])
+    nbytes = h * h * 2 + batch * h * 2 * 4
+    rep.op("oproj+residual+rmsnorm", batch, nbytes, ours, tt, 1,
+           kernel_count(lambda: torch_chain(0)))
+
+
+def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    from agentload.kernels.layer import _rms
+
+    return _rms(x, w, 1e-6)
+
+
+# -- per layer ------------------------------------------------------------------------------
+def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int],
+                 depth: int) -> list[MoELayer]:
+    layers = [MoELayer(cfg, "cuda", seed=10 + i, index=i) for i in range(depth)]
+    gb = rep.ceil.copy_gbps
+    print(f"\nlayer: hidden {cfg.hidden}, {cfg.experts} experts top-{cfg.topk} "
+          f"({cfg.groups} groups, keep {cfg.topk_group}) + shared, inter {cfg.inter}; "
+          f"timed as a stack of {depth} distinct layers, per-layer µs", flush=True)
+    print(f"{'batch':>5} {'MB':>6} {'SoL':>6} | {'std eager':>9} {'std graph':>9} "
+          f"{'fused eag':>9} {'fused grf':>9} {'compile':>8} | {'k std':>5} {'k fused':>7} | "
+          f"{'vs SoL':>6} {'vs graph':>8} {'k ratio':>7}", flush=True)
+    for b in batches:
+        x0, r0 = layers[0].inputs(b, seed=100 + b)
+        # correctness of both paths on layer 0, against the float32 reference
+        ref = layers[0].reference(x0, r0)
+        rep.check(f"layer b{b} fused", reference.rel_err(MoELayer.result(layers[0].fused(x0, r0)),
+                                                         ref), reference.BF16_TOL)
+        rep.check(f"layer b{b} standard",
+                  reference.rel_err(MoELayer.result(layers[0].standard(x0, r0)), ref),
+                  reference.BF16_TOL)
+
+        def stack(path: str, x0: torch.Tensor = x0, r0: torch.Tensor = r0) -> Fn:
+            def run() -> Any:
+                x, r = x0, r0
+                for lay in layers:
+                    x, r = getattr(lay, path)(x, r)
+                return x, r
+            return run
+
+        std_e = eager_us(stack("standard")) / depth
+        std_g = graph_us([stack("standard")], min_calls=1) / depth
+        fus_e = eager_us(stack("fused")) / depth
+        fus_g = graph_us([stack("fused")], min_calls=1) / depth
+        k_std = kernel_count(lambda x0=x0, r0=r0: layers[0].standard(x0, r0))
+        k_fus = kernel_count(lambda x0=x0, r0=r0: layers[0].fused(x0, r0))
+        nbytes = cfg.weight_bytes_touched(b)
+        sol = nbytes / (gb * 1e9) * 1e6
+        row = {"batch": b, "weight_bytes": nbytes, "sol_us": sol, "standard_eager_us": std_e,
+               "standard_graph_us": std_g, "fused_eager_us": fus_e, "fused_graph_us": fus_g,
+               "compile_us": None, "kernels_standard": k_std, "kernels_fused": k_fus}
+        rep.layers.append(row)
+        _print_layer(row)
+        rep.save()
+    return layers
+
+
+def _print_layer(row: dict[str, Any]) -> None:
+    def f(v: float | None) -> str:
+        return "      -  " if v is None else f"{v:9.1f}"
+
+    print(f"{row['batch']:>5} {row['weight_bytes'] / 1e6:6.1f} {row['sol_us']:6.1f} | "
+          f"{f(row['standard_eager_us'])} {f(row['standard_graph_us'])} "
+          f"{f(row['fused_eager_us'])} {f(row['fused_graph_us'])} {f(row['compile_us'])[1:]} | "
+          f"{row['kernels_standard']:>5} {row['kernels_fused']:>7} | "
+          f"{row['fused_graph_us'] / row['sol_us']:5.1f}x "
+          f"{row['standard_graph_us'] / row['fused_graph_us']:7.1f}x "
+          f"{row['kernels_fused'] / row['kernels_standard']:7.2f}", flush=True)
+
+
+# -- trace ----------------------------------------------------------------------------------
+def capture_trace(layers: Sequence[MoELayer], batch: int, path: Path) -> Path:
+    """One step of each path through the stack under torch.profiler; Kineto JSON."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x0, r0 = layers[0].inputs(batch, seed=7)
+    for p in ("standard", "fused"):
+        x, r = x0, r0
+        for lay in layers:
+            x, r = getattr(lay, p)(x, r)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for p in ("standard", "fused"):
+            x, r = x0, r0
+            for lay in layers:
+                x, r = getattr(lay, p)(x, r)
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def layer_table(trace: Path) -> list[dict[str, Any]]:
+    """Kernels and GPU µs per ``layer<i>.<path>`` range, from a Kineto trace.
+
+    A kernel belongs to the range whose CPU span holds the launch that the kernel's
+    correlation id points at (``ac2g`` flow); GPU µs sums kernel durations.
+    """
+    doc = json.loads(trace.read_text())
+    ev = doc.get("traceEvents", [])
+    ranges = [e for e in ev if e.get("cat") == "user_annotation"
+              and str(e.get("name", "")).startswith("layer")]
+    launches = {e["args"]["correlation"]: e for e in ev
+                if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}
+    rows: dict[str, dict[str, Any]] = {}
+    for k in (e for e in ev if e.get("cat") == "kernel"):
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        if launch is None:
+            continue
+        ts = launch["ts"]
+        owner = None
+        for r in ranges:
+            if r["ts"] <= ts <= r["ts"] + r.get("dur", 0) and r.get("tid") == launch.get("tid"):
+                owner = r["name"]
+        if owner is None:
+            continue
+        row = rows.setdefault(owner, {"range": owner, "kernels": 0, "gpu_us": 0.0})
+        row["kernels"] += 1
+        row["gpu_us"] += float(k.get("dur", 0))
+    return sorted(rows.values(), key=lambda r: (r["range"].split(".")[1], r["range"]))
+
+
+# -- driver ---------------------------------------------------------------------------------
+def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
+        out: Path | None = None, trace_dir: Path | None = None, depth: int = 4,
+        do_compile: bool = True, ops_only: bool = False, layers_only: bool = False) -> Report:
+    """Run the whole benchmark; print tables; write ``out`` JSON (and a trace)."""
+    if not torch.cuda.is_available():
+        from agentload.kernels.errors import KernelsError
+
+        raise KernelsError("agentload bench kernels needs a CUDA GPU")
+    ceil = ceil_mod.load_or_measure(ceilings_path)
+    rep = Report(ceil, out)
+    print(f"{ceil.gpu}: copy ceiling {ceil.copy_gbps:.0f} GB/s, bf16 {ceil.bf16_tflops:.0f} "
+          f"TFLOP/s, L2 {ceil.l2_bytes / 2**20:.0f} MiB, {ceil.sms} SMs; torch {torch.__version__}",
+          flush=True)
+    cfg = LayerConfig()
+    if not layers_only:
+        print(f"\n{'op':<28}{'b':>4} {'MB':>9} {'ours µs':>7} {'%copy':>6} {'k':>3}  "
+              f"{'torch µs':>7} {'%copy':>6} {'k':>3}", flush=True)
+        for rows in GEMV_ROWS:
+            for name, k, n in GEMV_SHAPES:
+                bench_gemv(rep, name, k, n, rows)
+        for b in batches:
+            for hsz in NORM_HIDDEN:
+                bench_norm(rep, hsz, b)
+            for i in SILU_INTER:
+                bench_silu(rep, i, b)
+            bench_router(rep, cfg, b)
+            if b <= 16:
+                bench_oproj(rep, cfg, b)
+    if not ops_only:
+        layers = bench_layers(rep, cfg, batches, depth)
+        if trace_dir is not None:
+            for b in (1, 8):
+                path = capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}.json")
+                table = layer_table(path)
+                rep.trace += [{"batch": b, **t} for t in table]
+                print(f"\ntrace {path.name}: per-layer kernels and GPU µs (Kineto)")
+                for t in table:
+                    print(f"  {t['range']:<20} {t['kernels']:>4} kernels {t['gpu_us']:8.1f} µs")
+                rep.save()
+        if do_compile:
+            bench_compile(rep, layers)
+    bad = [c for c in rep.checks if not c["ok"]]
+    print(f"\nchecks: {len(rep.checks) - len(bad)}/{len(rep.checks)} passed", flush=True)
+    rep.save()
+    return rep
+
+
+def bench_compile(rep: Report, layers: Sequence[MoELayer]) -> None:
+    print("\ntorch.compile (standard path, default mode), per layer µs:", flush=True)
+    depth = len(layers)
+    for row in rep.layers:
+        b = row["batch"]
+        x0, r0 = layers[0].inputs(b, seed=100 + b)
+        t0 = time.perf_counter()
+        try:
+            comp = [torch.compile(lay.standard, dynamic=False) for lay in layers]
+
+            def run_c(comp: list[Any] = comp, x0: Any = x0, r0: Any = r0) -> Any:
+                x, r = x0, r0
+                for f in comp:
+                    x, r = f(x, r)
+                return x, r
+
+            run_c()
+            row["compile_us"] = eager_us(run_c) / depth
+            row["compile_s"] = time.perf_counter() - t0
+            print(f"  batch {b}: {row['compile_us']:.1f} µs (compiled in "
+                  f"{row['compile_s']:.0f} s)", flush=True)
+        except Exception as exc:  # report and go on: a compile failure is a result too
+            print(f"  batch {b}: torch.compile failed: {str(exc)[:200]}", flush=True)
+        rep.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentload.kernels.bench {ceilings|kernels} ...`` (no typer needed)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m agentload.kernels.bench")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("ceilings")
+    c.add_argument("--out", type=Path)
+    k = sub.add_parser("kernels")
+    k.add_argument("--ceilings", type=Path)
+    k.add_argument("--out", type=Path)
+    k.add_argument("--trace-dir", type=Path)
+    k.add_argument("--batches", default="1,8,64")
+    k.add_argument("--depth", type=int, default=4)
+    k.add_argument("--no-compile", action="store_true")
+    k.add_argument("--ops-only", action="store_true")
+    k.add_argument("--layers-only", action="store_true")
+    a = p.parse_args(argv)
+    if a.cmd == "ceilings":
+        cl = ceil_mod.measure()
+        path = ceil_mod.save(cl, a.out)
+        print(f"{cl.gpu}: copy {cl.copy_gbps:.0f} GB/s (read + write), "
+              f"bf16 matmul {cl.bf16_tflops:.0f} TFLOP/s (n={cl.matmul_n})")
+        print(f"wrote {path}")
+        return 0
+    run(batches=[int(x) for x in a.batches.split(",")], ceilings_path=a.ceilings, out=a.out,
+        trace_dir=a.trace_dir, depth=a.depth, do_compile=not a.no_compile, ops_only=a.ops_only,
+        layers_only=a.layers_only)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

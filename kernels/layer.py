@@ -1,0 +1,203 @@
+"""A scaled-down MoE decoder layer with a ``standard`` (eager torch) and a ``fused`` path.
+
+One decode step of one layer, batch ``M``:
+
+1. input add + RMSNorm: ``h0 = residual + sum_s x_slots[:, s]`` (the previous layer's
+   expert outputs, combined here), ``xn = rmsnorm(h0)``;
+2. q/k/v projection; the attention core is at position 0 (one key: softmax is 1, the
+   output is ``v``), so only the projection weights are streamed, as in a real step;
+3. o-projection + residual + post-attention RMSNorm: ``h = h0 + v @ Wo^T``, ``hn``;
+4. router: logits, sigmoid, grouped top-k, normalized weights (+ the shared-expert slot);
+5. experts: per (token, slot) gate/up -> SiLU-and-mul -> down, scaled by the weight.
+
+The layer returns ``(x_slots_next [M, S, H], h)``; ``h + x_slots_next.sum(1)`` is the next
+residual stream, which :meth:`MoELayer.result` gives for comparisons. Each call is wrapped
+in an NVTX range and a ``record_function`` range named ``layer<i>.<path>`` so traces
+attribute kernels to layers (the profiler room reads those ranges).
+
+The fused path uses this room's kernels (6 launches at batch <= 16). Above 16 rows the
+FP32-FMA GEMVs lose to tensor cores, so the projections and experts use cuBLAS there
+(with this room's add+RMSNorm, router and SiLU-and-mul kernels around them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from agentload.kernels import ops, reference
+from agentload.kernels.presets import LayerConfig
+from agentload.kernels.specs import GEMV_MAX_ROWS
+
+_BF16 = torch.bfloat16
+
+
+@contextmanager
+def layer_range(name: str) -> Iterator[None]:
+    """NVTX + profiler range around one layer step (both nest per thread)."""
+    nvtx = torch.cuda.is_available()
+    if nvtx:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with torch.autograd.profiler.record_function(name):
+            yield
+    finally:
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+class MoELayer:
+    """Weights of one layer (random, seeded) and its two paths."""
+
+    def __init__(self, cfg: LayerConfig, device: torch.device | str, *, seed: int = 0,
+                 index: int = 0, dtype: torch.dtype = _BF16) -> None:
+        self.cfg, self.index = cfg, index
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        h, i, e = cfg.hidden, cfg.inter, cfg.experts
+
+        def rnd(*shape: int, scale: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+        self.w_in = (1.0 + 0.1 * torch.randn(h, generator=g)).to(dtype).to(device)
+        self.w_post = (1.0 + 0.1 * torch.randn(h, generator=g)).to(dtype).to(device)
+        self.wqkv = rnd(cfg.qkv_out, h, scale=h ** -0.5)
+        self.wo = rnd(h, h, scale=h ** -0.5)
+        self.wr = rnd(e, h, scale=h ** -0.5)
+        self.bias = (0.1 * torch.randn(e, generator=g)).float().to(device)
+        # Expert e < E is routed; index E is the shared expert (the router's last slot).
+        self.w_gu = rnd(e + 1, 2 * i, h, scale=h ** -0.5)
+        self.w_down = rnd(e + 1, h, i, scale=i ** -0.5)
+
+    # -- standard: eager torch, graph-capturable (no host syncs) -------------------------
+    def standard(self, x_slots: torch.Tensor, residual: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        with layer_range(f"layer{self.index}.standard"):
+            h0 = residual + x_slots.sum(1)
+            xn = _rms(h0, self.w_in, cfg.eps)
+            qkv = xn @ self.wqkv.T
+            v = qkv[:, 2 * cfg.hidden:]
+            h = h0 + v @ self.wo.T
+            hn = _rms(h, self.w_post, cfg.eps)
+            logits = (hn @ self.wr.T).float()
+            ids, wts = self._select_torch(logits)
+            return self._experts_torch(hn, ids, wts), h
+
+    def _select_torch(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        m = logits.shape[0]
+        scores = torch.sigmoid(logits)
+        sel = scores + self.bias
+        grp = sel.view(m, cfg.groups, -1).topk(2, dim=-1).values.sum(-1)
+        keep = grp.topk(cfg.topk_group, dim=-1).indices
+        mask = torch.zeros_like(grp, dtype=torch.bool).scatter_(1, keep, True)
+        sel = sel.masked_fill(~mask.repeat_interleave(cfg.experts // cfg.groups, 1),
+                              float("-inf"))
+        ids = sel.topk(cfg.topk, dim=-1).indices
+        w = scores.gather(1, ids)
+        w = w / w.sum(-1, keepdim=True) * cfg.routed_scale
+        shared_id = torch.full((m, 1), cfg.experts, dtype=ids.dtype, device=ids.device)
+        return torch.cat([ids, shared_id], 1), torch.cat([w, torch.ones_like(w[:, :1])], 1)
+
+    def _experts_torch(self, hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
+                       ) -> torch.Tensor:
+        cfg = self.cfg
+        m, s = ids.shape
+        i = cfg.inter
+        if m * s <= cfg.experts + 1:
+            # Few rows: gather each row's expert weights (touches only chosen experts).
+            flat = ids.reshape(-1)
+            x = hn.repeat_interleave(s, 0).unsqueeze(1)  # [M*S, 1, H]
+            gu = torch.bmm(x, self.w_gu.index_select(0, flat).transpose(1, 2))
+            act = torch.nn.functional.silu(gu[..., :i]) * gu[..., i:]
+            y = torch.bmm(act, self.w_down.index_select(0, flat).transpose(1, 2))
+            return (y.squeeze(1) * wts.reshape(-1, 1).to(y.dtype)).view(m, s, -1)
+        # Many rows: every expert is busy; run each once over all tokens, masked.
+        coef = torch.zeros(m, cfg.experts + 1, dtype=torch.float32, device=hn.device)
+        coef.scatter_add_(1, ids, wts)
+        out = torch.zeros_like(hn, dtype=torch.float32)
+        for e in range(cfg.experts + 1):
+            gu = hn @ self.w_gu[e].T
+            act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+            out += (act @ self.w_down[e].T).float() * coef[:, e:e + 1]
+        return out.to(hn.dtype).unsqueeze(1)
+
+    # -- fused: this room's kernels ------------------------------------------------------
+    def fused(self, x_slots: torch.Tensor, residual: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        m = residual.shape[0]
+        with layer_range(f"layer{self.index}.fused"):
+            xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
+            if m <= GEMV_MAX_ROWS:
+                qkv = ops.gemv(xn, self.wqkv)
+                h, hn = ops.oproj_residual_rmsnorm(qkv[:, 2 * cfg.hidden:], self.wo, h0,
+                                                   self.w_post, cfg.eps)
+            else:
+                qkv = xn @ self.wqkv.T
+                o = qkv[:, 2 * cfg.hidden:] @ self.wo.T
+                hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
+            _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
+                                         groups=cfg.groups, topk_group=cfg.topk_group,
+                                         scale=cfg.routed_scale, shared=True)
+            if m <= GEMV_MAX_ROWS:
+                flat_ids, flat_w = ids.view(-1), wts.view(-1)
+                act = ops.grouped_gemv(hn, self.w_gu, flat_ids, flat_w, silu=True,
+                                       div=cfg.slots)
+                y = ops.grouped_gemv(act, self.w_down, flat_ids, flat_w, silu=False, div=1)
+                return y.view(m, cfg.slots, cfg.hidden), h
+            return self._experts_dense_fused(hn, ids, wts), h
+
+    def _experts_dense_fused(self, hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
+                             ) -> torch.Tensor:
+        cfg = self.cfg
+        coef = torch.zeros(hn.shape[0], cfg.experts + 1, dtype=torch.float32,
+                           device=hn.device)
+        coef.scatter_add_(1, ids.long(), wts)
+        out = torch.zeros_like(hn, dtype=torch.float32)
+        for e in range(cfg.experts + 1):
+            act = ops.silu_mul(hn @ self.w_gu[e].T)
+            out += (act @ self.w_down[e].T).float() * coef[:, e:e + 1]
+        return out.to(hn.dtype).unsqueeze(1)
+
+    # -- reference and helpers -----------------------------------------------------------
+    def reference(self, x_slots: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The next residual stream in float32 (weights upcast), for the tolerance check."""
+        cfg = self.cfg
+        f = torch.float32
+        xn, h0 = reference.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, dtype=f)
+        v = (xn @ self.wqkv.to(f).T)[:, 2 * cfg.hidden:]
+        hn, h = reference.add_rmsnorm(v @ self.wo.to(f).T, h0, self.w_post, cfg.eps, dtype=f)
+        logits = hn @ self.wr.to(f).T
+        ids, w = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
+                                         cfg.topk_group, cfg.routed_scale)
+        out = h.clone()
+        i = cfg.inter
+        for t in range(hn.shape[0]):
+            pairs = [(int(e), float(wt)) for e, wt in zip(ids[t], w[t], strict=True)]
+            for e, wt in [*pairs, (cfg.experts, 1.0)]:
+                gu = hn[t] @ self.w_gu[e].to(f).T
+                act = torch.nn.functional.silu(gu[:i]) * gu[i:]
+                out[t] += wt * (act @ self.w_down[e].to(f).T)
+        return out
+
+    @staticmethod
+    def result(out: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``h + sum_s x_slots_next``: the residual stream after this layer."""
+        y, h = out
+        return h.float() + y.float().sum(1)
+
+    def inputs(self, batch: int, *, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random ``(x_slots [M, S, H], residual [M, H])`` bf16 on the layer's device."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        dev = self.wo.device
+        x = torch.randn(batch, self.cfg.slots, self.cfg.hidden, generator=g) * 0.5
+        r = torch.randn(batch, self.cfg.hidden, generator=g)
+        return x.to(_BF16).to(dev), r.to(_BF16).to(dev)

@@ -1,0 +1,186 @@
+"""Torch-facing kernel calls: check shapes and dtypes, allocate outputs, launch.
+
+Every function checks its inputs first and raises :class:`KernelsError` naming the
+argument (so a wrong shape never reaches the GPU), then looks up the compiled variant in
+the cache (``_cache.get``: compiled once per process, loaded from disk when exported
+before) and launches it on torch's current stream, CUDA-graph capture included.
+Outputs may be passed in (``out=``) so the benchmarks and graphs reuse buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentload.kernels import _cache
+from agentload.kernels.errors import KernelsError
+from agentload.kernels.specs import (
+    add_rmsnorm_spec,
+    check_dims,
+    gemv_spec,
+    grouped_gemv_spec,
+    router_spec,
+    silu_mul_spec,
+)
+
+_BF16 = torch.bfloat16
+_SCRATCH: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _check(t: object, name: str, dtype: torch.dtype, want: tuple[int | None, ...],
+           *, row_stride_ok: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise KernelsError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise KernelsError(f"{name} must be {dtype}, got {t.dtype}")
+    check_dims(name, tuple(t.shape), want)
+    if t.device.type != "cuda":
+        raise KernelsError(f"{name} must be on a CUDA device, got {t.device}")
+    if row_stride_ok and t.dim() == 2:
+        if t.stride(1) != 1 or t.stride(0) % 8:
+            raise KernelsError(f"{name} needs unit column stride and a row stride "
+                               f"divisible by 8, got {tuple(t.stride())}")
+    elif not t.is_contiguous():
+        raise KernelsError(f"{name} must be contiguous (row-major)")
+    if t.data_ptr() % 16:
+        raise KernelsError(f"{name} must be 16-byte aligned")
+    return t
+
+
+def _out(out: torch.Tensor | None, name: str, dtype: torch.dtype, shape: tuple[int, ...],
+         like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    return _check(out, name, dtype, shape)
+
+
+def _scratch(kind: str, device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
+    key = (kind, f"{device}-{n}")
+    t = _SCRATCH.get(key)
+    if t is None:
+        t = torch.zeros(n, dtype=dtype, device=device)
+        _SCRATCH[key] = t
+    return t
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float = 1e-6, *, out: torch.Tensor | None = None,
+                residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + x`` (``x`` ``[M, H]``, or ``[M, S, H]`` summed over S), then
+    ``rmsnorm(h) * weight``. One kernel. Returns ``(normed, h)``, both ``[M, H]`` bf16."""
+    _check(residual, "residual", _BF16, (None, None))
+    m, h = residual.shape
+    x3 = x.unsqueeze(1) if isinstance(x, torch.Tensor) and x.dim() == 2 else x
+    _check(x3, "x", _BF16, (m, None, h))
+    _check(weight, "weight", _BF16, (h,))
+    spec = add_rmsnorm_spec(h, x3.shape[1])
+    o = _out(out, "out", _BF16, (m, h), residual)
+    ro = _out(residual_out, "residual_out", _BF16, (m, h), residual)
+    _cache.get(spec)(x3, residual, weight.view(1, h), o, ro, float(eps))
+    return o, ro
+
+
+def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x`` ``[M, 2I]`` bf16; returns ``[M, I]``."""
+    _check(x, "x", _BF16, (None, None))
+    m, two_i = x.shape
+    if two_i % 2:
+        raise KernelsError(f"x has {two_i} columns; expected an even 2 * I")
+    spec = silu_mul_spec(two_i // 2)
+    o = _out(out, "out", _BF16, (m, two_i // 2), x)
+    _cache.get(spec)(x, o)
+    return o
+
+
+def _dummies(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (_scratch("bf16x8", device, _BF16, 8).view(1, 8),
+            _scratch("f32x1", device, torch.float32, 1))
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None, *,
+         out: torch.Tensor | None = None, opb: int | None = None,
+         threads: int | None = None) -> torch.Tensor:
+    """``x @ w.T (+ residual)`` for ``x`` ``[M <= 16, K]`` (rows may be strided) and ``w``
+    ``[N, K]`` bf16; one kernel, weights streamed once. Returns ``[M, N]`` bf16."""
+    _check(x, "x", _BF16, (None, None), row_stride_ok=True)
+    m, k = x.shape
+    _check(w, "w", _BF16, (None, k))
+    n = w.shape[0]
+    if residual is not None:
+        _check(residual, "residual", _BF16, (m, n))
+    spec = gemv_spec(k, n, m, residual=residual is not None, opb=opb, threads=threads)
+    y = _out(out, "out", _BF16, (m, n), x)
+    small, f1 = _dummies(x.device)
+    cnt = _scratch("cnt", x.device, torch.int32, 1)
+    _cache.get(spec)(x, w, small if residual is None else residual, y, small, small, f1, cnt,
+                     1e-6)
+    return y
+
+
+def oproj_residual_rmsnorm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                           norm_weight: torch.Tensor, eps: float = 1e-6, *,
+                           h_out: torch.Tensor | None = None,
+                           normed_out: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op-boundary chain in one kernel: ``h = residual + x @ w.T``, then
+    ``rmsnorm(h) * norm_weight``. Returns ``(h, normed)``.
+
+    The GEMV's CTAs each add their rows' sums of squares to a float32 scratch and bump a
+    counter; the last CTA to finish normalizes every row and re-arms the scratch, so the
+    norm needs no second launch.
+    """
+    _check(x, "x", _BF16, (None, None), row_stride_ok=True)
+    m, k = x.shape
+    _check(w, "w", _BF16, (None, k))
+    n = w.shape[0]
+    _check(residual, "residual", _BF16, (m, n))
+    _check(norm_weight, "norm_weight", _BF16, (n,))
+    spec = gemv_spec(k, n, m, residual=True, fuse_norm=True)
+    h = _out(h_out, "h_out", _BF16, (m, n), x)
+    normed = _out(normed_out, "normed_out", _BF16, (m, n), x)
+    ws = _scratch(f"sumsq{m}", x.device, torch.float32, m)
+    cnt = _scratch("cnt-norm", x.device, torch.int32, 1)
+    _cache.get(spec)(x, w, residual, h, norm_weight.view(1, n), normed, ws, cnt, float(eps))
+    return h, normed
+
+
+def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
+                 *, silu: bool, div: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Expert rows: ``y[r] = x[r // div] @ w[ids[r]].T``; with ``silu`` (``w`` ``[E, 2I, K]``)
+    ``y[r] = silu(gate) * up`` (``[R, I]``), else ``y[r] *= scale[r]`` (``[R, N]``)."""
+    _check(x, "x", _BF16, (None, None))
+    k = x.shape[1]
+    _check(w, "w", _BF16, (None, None, k))
+    e, n, _ = w.shape
+    _check(ids, "ids", torch.int32, (None,))
+    r = ids.shape[0]
+    _check(scale, "scale", torch.float32, (r,))
+    if x.shape[0] * div < r:
+        raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
+    spec = grouped_gemv_spec(k, n, e, div=div, silu=silu)
+    y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
+    _cache.get(spec)(x, w, ids, scale, y)
+    return y
+
+
+def moe_router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, *, topk: int,
+               groups: int, topk_group: int, scale: float = 1.0, shared: bool = False,
+               logits: torch.Tensor | None = None, ids: torch.Tensor | None = None,
+               weights: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router logits -> sigmoid -> grouped top-k -> normalized weights in one kernel.
+
+    Returns ``(logits f32 [M, E], ids int32 [M, S], weights f32 [M, S])`` with
+    ``S = topk (+ 1 with shared)``; the shared slot has id ``E`` and weight 1.
+    """
+    _check(x, "x", _BF16, (None, None))
+    m, h = x.shape
+    _check(wr, "wr", _BF16, (None, h))
+    e = wr.shape[0]
+    _check(bias, "bias", torch.float32, (e,))
+    spec = router_spec(h, e, topk, groups, topk_group, scale, shared)
+    s = topk + 1 if shared else topk
+    lg = _out(logits, "logits", torch.float32, (m, e), x)
+    ii = _out(ids, "ids", torch.int32, (m, s), x)
+    ww = _out(weights, "weights", torch.float32, (m, s), x)
+    _cache.get(spec)(x, wr, bias, lg, ii, ww)
+    return lg, ii, ww

@@ -1,0 +1,109 @@
+"""The scaled-down MoE layer's shape and every kernel variant the benchmarks use (no torch).
+
+``bench_specs()`` is what ``python -m agentload.kernels.aot`` compiles ahead of time, so
+a GPU machine without the CuTe DSL compiler can run ``agentload bench kernels``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentload.kernels.specs import (
+    GEMV_MAX_ROWS,
+    KernelSpec,
+    add_rmsnorm_spec,
+    gemv_spec,
+    grouped_gemv_spec,
+    router_spec,
+    silu_mul_spec,
+)
+
+BATCHES = (1, 8, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerConfig:
+    """A toy MoE decoder layer: MHA projections, a grouped router, routed + shared experts.
+
+    Defaults give 71.4 MB of bf16 weights touched per step at batch 1 (q/k/v/o projections
+    33.6 MB, router 64 KB, two routed experts and the shared expert 12.6 MB each), the
+    size of the anchor layer in issue 8.
+    """
+
+    hidden: int = 2048
+    qkv_out: int = 3 * 2048
+    experts: int = 16
+    topk: int = 2
+    groups: int = 4
+    topk_group: int = 2
+    inter: int = 1024
+    routed_scale: float = 1.0
+    eps: float = 1e-6
+
+    @property
+    def slots(self) -> int:
+        """Expert rows per token: the routed top-k plus the shared expert."""
+        return self.topk + 1
+
+    def weight_bytes_touched(self, batch: int) -> int:
+        """bf16 weight bytes one decode step must read at least once at ``batch``."""
+        h, i = self.hidden, self.inter
+        dense = (h * self.qkv_out + h * h + self.experts * h) * 2
+        expert = (h * 2 * i + i * h) * 2
+        distinct = min(self.experts, batch * self.topk)  # best case: tokens share experts
+        return dense + expert * (1 + distinct) + 2 * h * 2  # + the two norm weights
+
+    def specs(self, batch: int) -> list[KernelSpec]:
+        """The kernel variants the fused path uses at ``batch``."""
+        h = self.hidden
+        out = [add_rmsnorm_spec(h, self.slots), add_rmsnorm_spec(h, 1),
+               router_spec(h, self.experts, self.topk, self.groups, self.topk_group,
+                           self.routed_scale, shared=True)]
+        if batch <= GEMV_MAX_ROWS:
+            out += [gemv_spec(h, self.qkv_out, batch),
+                    gemv_spec(h, h, batch, residual=True, fuse_norm=True),
+                    grouped_gemv_spec(h, 2 * self.inter, self.experts + 1, div=self.slots,
+                                      silu=True),
+                    grouped_gemv_spec(self.inter, h, self.experts + 1, div=1, silu=False)]
+        else:
+            out.append(silu_mul_spec(self.inter))
+        return out
+
+
+#: Shapes of the per-op benchmark: (name, K, N) GEMVs and the hidden sizes of the norms.
+GEMV_SHAPES = (("gemv 7168x16384", 7168, 16384), ("gemv 16384x7168", 16384, 7168),
+               ("gemv 2048x6144", 2048, 6144))
+GEMV_ROWS = (1, 2, 4, 8)
+NORM_HIDDEN = (2048, 7168)
+SILU_INTER = (1024, 18432)
+
+
+def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
+    """Tile variants to try for one GEMV shape (the benchmark keeps the fastest)."""
+    out: list[KernelSpec] = []
+    for threads, opb in ((128, 4), (128, 8), (256, 4), (64, 8)):
+        if k % (threads * 8) or n % opb or rows * opb > threads:
+            continue
+        if rows >= 8 and opb == 8:
+            continue  # 64 float accumulators per thread: spills
+        out.append(gemv_spec(k, n, rows, opb=opb, threads=threads))
+    return out
+
+
+def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
+    """Every variant ``agentload bench kernels`` may load (deduplicated, stable order)."""
+    layer = layer or LayerConfig()
+    seen: dict[str, KernelSpec] = {}
+    specs: list[KernelSpec] = []
+    for b in BATCHES:
+        specs += layer.specs(b)
+    for _name, k, n in GEMV_SHAPES:
+        for rows in GEMV_ROWS:
+            specs += gemv_variants(k, n, rows)
+    for h in NORM_HIDDEN:
+        specs.append(add_rmsnorm_spec(h, 1))
+    for i in SILU_INTER:
+        specs.append(silu_mul_spec(i))
+    for s in specs:
+        seen.setdefault(s.key(), s)
+    return list(seen.values())

@@ -1,0 +1,78 @@
+"""Torch references for every kernel, computed in float64 (or a chosen dtype) from bf16 inputs.
+
+The kernels are checked against these by relative Frobenius error (METHOD.md: bf16
+operands land between 1e-3 and 1e-2; :data:`BF16_TOL` is the bound the tests use). The
+same functions in bf16 are the ``standard`` path's building blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BF16_TOL = 1e-2  #: ||out - ref|| / ||ref|| bound for bf16 outputs (METHOD.md)
+F32_TOL = 1e-4  #: bound for float32 outputs computed from bf16 operands (router logits)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN or inf anywhere gives inf."""
+    o, r = out.double(), ref.double()
+    if not bool(torch.isfinite(o).all()):
+        return float("inf")
+    den = float(torch.linalg.vector_norm(r))
+    num = float(torch.linalg.vector_norm(o - r))
+    return num / den if den else num
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float = 1e-6, dtype: torch.dtype = torch.float64
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rmsnorm(h) * weight, h)``, ``h = residual + x`` (``x`` ``[M, H]`` or ``[M, S, H]``)."""
+    xs = x.to(dtype)
+    h = residual.to(dtype) + (xs.sum(1) if xs.dim() == 3 else xs)
+    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h * rstd * weight.to(dtype).reshape(-1), h
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
+         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``x @ w.T (+ residual)``."""
+    y = x.to(dtype) @ w.to(dtype).T
+    return y if residual is None else y + residual.to(dtype)
+
+
+def silu_mul(x: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]``."""
+    xs = x.to(dtype)
+    i = xs.shape[-1] // 2
+    return torch.nn.functional.silu(xs[..., :i]) * xs[..., i:]
+
+
+def router_select(logits: torch.Tensor, bias: torch.Tensor, topk: int, groups: int,
+                  topk_group: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid scoring + grouped top-k (DeepSeek-V3 style) from given logits.
+
+    Groups rank by the sum of their two best biased scores; the best ``topk_group`` are
+    kept; the top ``topk`` biased scores inside them are chosen; weights are the unbiased
+    scores normalized to sum 1, times ``scale``. Returns ``(ids int64 [M, k], weights)``.
+    """
+    scores = torch.sigmoid(logits.double())
+    sel = scores + bias.double()
+    m, e = sel.shape
+    if topk_group < groups:
+        g = sel.view(m, groups, e // groups)
+        gscore = g.topk(min(2, e // groups), dim=-1).values.sum(-1)
+        keep = gscore.topk(topk_group, dim=-1).indices
+        mask = torch.zeros(m, groups, dtype=torch.bool, device=sel.device)
+        mask.scatter_(1, keep, True)
+        sel = sel.masked_fill(~mask.repeat_interleave(e // groups, dim=1), float("-inf"))
+    ids = sel.topk(topk, dim=-1).indices
+    w = scores.gather(1, ids)
+    return ids, w / w.sum(-1, keepdim=True) * scale
+
+
+def router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, topk: int, groups: int,
+           topk_group: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits, ids, weights)``: float64 logits, then :func:`router_select`."""
+    logits = x.double() @ wr.double().T
+    ids, w = router_select(logits, bias, topk, groups, topk_group, scale)
+    return logits, ids, w

@@ -1,0 +1,133 @@
+"""Kernel specifications and the shape rules every kernel checks (pure Python, no torch).
+
+A :class:`KernelSpec` names one compiled variant: the kernel kind plus every value that
+is fixed at compile time (hidden size, rows, threads, ...). Its :meth:`KernelSpec.key` is
+the compile-cache key and the exported file's name, so a variant is compiled once per
+GPU architecture and loaded from disk afterwards. The ``choose_*`` functions turn a
+problem shape into a spec, raising :class:`KernelsError` with the reason when a shape is
+outside what the kernels handle (the torch path is the fallback for those).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentload.kernels.errors import KernelsError
+
+Kind = Literal["add_rmsnorm", "silu_mul", "gemv", "grouped_gemv", "router"]
+VEC = 8  #: bf16 values per 16-byte access
+GEMV_MAX_ROWS = 16  #: above this batch the FP32-FMA GEMV loses to tensor cores
+ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One compiled kernel variant: its kind and its compile-time parameters."""
+
+    kind: Kind
+    params: tuple[tuple[str, int | float | bool], ...]
+
+    def get(self, name: str) -> int | float | bool:
+        for key, value in self.params:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def key(self) -> str:
+        """File-name-safe cache key, e.g. ``gemv-k2048-n3072-m1-t128-opb4-res0-norm0``."""
+        parts = [self.kind.replace("_", "")]
+        for name, value in self.params:
+            if isinstance(value, bool):
+                value = int(value)
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            parts.append(f"{name}{text.replace('.', 'p').replace('-', 'm')}")
+        return "-".join(parts)
+
+
+def _spec(kind: Kind, **params: int | float | bool) -> KernelSpec:
+    return KernelSpec(kind, tuple(params.items()))
+
+
+def _threads_for(length: int, candidates: tuple[int, ...]) -> int:
+    """The first thread count whose tile (threads * 8 values) divides ``length``."""
+    for t in candidates:
+        if length % (t * VEC) == 0:
+            return t
+    raise KernelsError(
+        f"length {length} is not a multiple of {min(candidates) * VEC} (8 bf16 per thread "
+        f"and at least {min(candidates)} threads)")
+
+
+def check_dims(name: str, shape: tuple[int, ...], want: tuple[int | None, ...]) -> None:
+    """Raise unless ``shape`` has ``len(want)`` dims matching ``want`` (None = any size)."""
+    if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want,
+                                                                                strict=False)):
+        pretty = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+        raise KernelsError(f"{name} has shape {list(shape)}, expected {pretty}")
+
+
+def add_rmsnorm_spec(hidden: int, slots: int = 1) -> KernelSpec:
+    """Fused residual add (+ sum of ``slots`` inputs) and RMSNorm over ``hidden``."""
+    if slots < 1 or slots > 16:
+        raise KernelsError(f"slots must be 1..16, got {slots}")
+    if hidden % VEC:
+        raise KernelsError(f"hidden {hidden} must be a multiple of {VEC}")
+    threads = _threads_for(hidden, (128, 64, 32, 256))
+    if hidden // (threads * VEC) > 16:
+        threads = _threads_for(hidden, (256, 512, 1024))
+    return _spec("add_rmsnorm", h=hidden, s=slots, t=threads)
+
+
+def silu_mul_spec(inter: int) -> KernelSpec:
+    """SiLU(gate) * up for an ``[M, 2 * inter]`` input."""
+    if inter % VEC:
+        raise KernelsError(f"intermediate size {inter} must be a multiple of {VEC}")
+    return _spec("silu_mul", i=inter, t=128)
+
+
+def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
+              fuse_norm: bool = False, opb: int | None = None,
+              threads: int | None = None) -> KernelSpec:
+    """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm."""
+    if not 1 <= rows <= GEMV_MAX_ROWS:
+        raise KernelsError(f"GEMV handles 1..{GEMV_MAX_ROWS} rows, got {rows}")
+    t = threads or _threads_for(k, (128, 64, 256, 32))
+    if k % (t * VEC):
+        raise KernelsError(f"K {k} must be a multiple of threads*8 = {t * VEC}")
+    o = opb or 4
+    if n % o:
+        raise KernelsError(f"N {n} must be a multiple of outputs per block {o}")
+    if t < 32 or t % 32 or rows * o > t:
+        raise KernelsError(f"bad GEMV tile: threads {t}, rows {rows}, outputs per block {o}")
+    return _spec("gemv", k=k, n=n, m=rows, t=t, opb=o, res=residual, norm=fuse_norm)
+
+
+def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,
+                      opb: int = 4) -> KernelSpec:
+    """Expert GEMV over (token, slot) rows; ``silu`` fuses SiLU-and-mul (``n`` = 2 * I)."""
+    t = _threads_for(k, (128, 64, 256, 32))
+    n_out = n // 2 if silu else n
+    if silu and n % 2:
+        raise KernelsError(f"gate/up width {n} must be even")
+    if n_out % opb:
+        raise KernelsError(f"output width {n_out} must be a multiple of {opb}")
+    return _spec("grouped_gemv", k=k, n=n, e=experts, t=t, opb=opb, div=div, silu=silu)
+
+
+def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: int,
+                scale: float, shared: bool) -> KernelSpec:
+    """Router logits -> sigmoid -> grouped top-k -> normalized weights, one kernel."""
+    if experts > ROUTER_MAX_EXPERTS:
+        raise KernelsError(f"router kernel handles <= {ROUTER_MAX_EXPERTS} experts, "
+                           f"got {experts}")
+    if groups < 1 or experts % groups:
+        raise KernelsError(f"{experts} experts do not split into {groups} groups")
+    if not 1 <= topk_group <= groups:
+        raise KernelsError(f"topk_group {topk_group} must be 1..{groups}")
+    if not 1 <= topk <= topk_group * (experts // groups):
+        raise KernelsError(f"top-k {topk} exceeds the experts in {topk_group} groups")
+    if hidden % (32 * VEC):
+        raise KernelsError(f"router hidden {hidden} must be a multiple of {32 * VEC}")
+    return _spec("router", h=hidden, e=experts, k=topk, g=groups, tg=topk_group,
+                 scale=float(scale), shared=shared)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: set up AOT kernels + tvm-ffi, record the card, then run what $1 names.
+# Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test bench" [bench args]
+# Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so.
+set -u
+export PYTHONUNBUFFERED=1
+R=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$R"/.devcarry/apache_tvm_ffi-*.whl || exit 3
+mkdir -p /tmp/kc/sm_90a /tmp/pkg/agentload
+cp "$R"/.devcarry/kc/*.so /tmp/kc/sm_90a/
+python3 -c "import lzma,shutil; shutil.copyfileobj(lzma.open('$R/.devcarry/libcute_dsl_runtime.so.xz'), open('/tmp/kc/sm_90a/libcute_dsl_runtime.so','wb'))" || exit 4
+for f in "$R"/agentload/*.py; do ln -sf "$f" /tmp/pkg/agentload/; done
+for r in traces replay profiler kernels tui; do ln -sfn "$R/$r" /tmp/pkg/agentload/$r; done
+export PYTHONPATH=/tmp/pkg:/tmp/site AGENTLOAD_KERNEL_CACHE=/tmp/kc AGENTLOAD_CEILINGS=$OUT/ceilings.json
+cd /tmp
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,memory.used --format=csv > "$OUT/card.txt" 2>&1
+python3 -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tvm_ffi', tvm_ffi.__version__, 'exchange_api', hasattr(torch.Tensor, '__dlpack_c_exchange_api__'))" >> "$OUT/card.txt" 2>&1
+cat "$OUT/card.txt"
+steps=${1:-"ceil test bench"}; shift || true
+case " $steps " in *" ceil "*)
+  python3 -m agentload.kernels.bench ceilings --out "$OUT/ceilings.json" 2>&1 | tail -3 ;; esac
+case " $steps " in *" test "*)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir="$R" \
+    -c "$R/pyproject.toml" -o addopts="" "$R/tests/test_kernels_gpu.py" "$R/tests/test_kernels.py" \
+    > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -25 ;; esac
+case " $steps " in *" bench "*)
+  python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
+    --trace-dir "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^  skip" ;; esac
+exit 0

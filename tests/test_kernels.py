@@ -1,0 +1,148 @@
+"""Kernels room, CPU only: import without GPU/cutlass, shape rules, cache keys, references."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from agentload.kernels import KernelsError, LayerConfig, bench_specs
+from agentload.kernels.specs import (
+    add_rmsnorm_spec,
+    check_dims,
+    gemv_spec,
+    grouped_gemv_spec,
+    router_spec,
+    silu_mul_spec,
+)
+
+
+def test_import_needs_no_gpu_torch_or_cutlass() -> None:
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['cutlass'] = None; "
+            "import agentload.kernels as k; print(len(k.bench_specs()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) > 10
+
+
+def test_error_derives_from_agentload_error() -> None:
+    from agentload import AgentloadError
+
+    assert issubclass(KernelsError, AgentloadError)
+
+
+def test_spec_keys_are_unique_and_file_safe() -> None:
+    keys = [s.key() for s in bench_specs()]
+    assert len(keys) == len(set(keys))
+    assert all(k.replace("-", "").isalnum() for k in keys)
+    assert gemv_spec(2048, 2048, 1, residual=True, fuse_norm=True).key() == \
+        "gemv-k2048-n2048-m1-t128-opb4-res1-norm1"
+    assert router_spec(2048, 16, 2, 4, 2, 2.5, True).key().endswith("scale2p5-shared1")
+
+
+def test_shape_rules() -> None:
+    assert add_rmsnorm_spec(7168).get("t") == 128  # 7168 = 128 threads * 8 * 7
+    assert add_rmsnorm_spec(2048, 3).get("s") == 3
+    with pytest.raises(KernelsError, match="multiple of 8"):
+        add_rmsnorm_spec(2050)
+    with pytest.raises(KernelsError, match=r"1\.\.16 rows"):
+        gemv_spec(2048, 2048, 17)
+    with pytest.raises(KernelsError, match="outputs per block"):
+        gemv_spec(2048, 2046, 1)
+    with pytest.raises(KernelsError, match="multiple of"):
+        gemv_spec(1000, 2048, 1)
+    with pytest.raises(KernelsError, match=r"<= 64 experts"):
+        router_spec(2048, 128, 2, 4, 2, 1.0, False)
+    with pytest.raises(KernelsError, match="groups"):
+        router_spec(2048, 16, 2, 3, 2, 1.0, False)
+    with pytest.raises(KernelsError, match="top-k"):
+        router_spec(2048, 16, 9, 4, 2, 1.0, False)
+    with pytest.raises(KernelsError, match="even"):
+        grouped_gemv_spec(2048, 2047, 17, div=3, silu=True)
+    with pytest.raises(KernelsError, match="multiple of 8"):
+        silu_mul_spec(1001)
+    with pytest.raises(KernelsError, match=r"expected \[2, \*\]"):
+        check_dims("x", (3, 4), (2, None))
+
+
+def test_layer_bytes_match_the_anchor() -> None:
+    cfg = LayerConfig()
+    assert cfg.slots == 3
+    assert abs(cfg.weight_bytes_touched(1) / 1e6 - 71.4) < 0.2
+    # at batch 64 all 16 routed experts are touched at least once
+    assert cfg.weight_bytes_touched(64) == cfg.weight_bytes_touched(8) > \
+        cfg.weight_bytes_touched(1)
+
+
+def test_cache_reports_missing_compiler(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from agentload.kernels import _cache
+
+    monkeypatch.setenv("AGENTLOAD_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setattr(_cache, "cutlass_available", lambda: False)
+    with pytest.raises(KernelsError, match="no compiled kernel"):
+        _cache.get(silu_mul_spec(1024))
+    assert _cache.so_path(silu_mul_spec(1024)).parent == tmp_path / "sm_90a"
+
+
+# -- torch references (CPU) -----------------------------------------------------------------
+torch = pytest.importorskip("torch")
+
+
+def test_references_match_plain_math() -> None:
+    from agentload.kernels import reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 64, generator=g).bfloat16()
+    r = torch.randn(3, 64, generator=g).bfloat16()
+    w = torch.randn(64, generator=g).bfloat16()
+    out, h = ref.add_rmsnorm(x, r, w, 1e-6)
+    hh = r.double() + x.double().sum(1)
+    want = hh / torch.sqrt((hh ** 2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert torch.allclose(out, want) and torch.allclose(h, hh)
+    a = torch.randn(4, 16, generator=g)
+    assert torch.allclose(ref.silu_mul(a), (a[:, :8] * torch.sigmoid(a[:, :8]) * a[:, 8:])
+                          .double())
+    assert ref.rel_err(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
+
+
+def test_router_select_grouped_topk() -> None:
+    from agentload.kernels import reference as ref
+
+    # 8 experts in 4 groups of 2; keep 2 groups; top-2.
+    logits = torch.tensor([[5.0, 4.0, -9, -9, 3.0, 2.9, 6.0, -9]])
+    bias = torch.zeros(8)
+    ids, w = ref.router_select(logits, bias, 2, 4, 2, 1.0)
+    # group sums: g0 = s(5)+s(4), g2 = s(3)+s(2.9), g3 = s(6)+s(-9); g0 and g2 win,
+    # so expert 6 (best single score) is excluded with its group.
+    assert sorted(ids[0].tolist()) == [0, 1]
+    assert torch.allclose(w.sum(-1), torch.tensor([1.0], dtype=torch.float64))
+
+
+def test_standard_layer_matches_float_reference_on_cpu() -> None:
+    from agentload.kernels import reference as ref
+    from agentload.kernels.layer import MoELayer
+
+    cfg = LayerConfig(hidden=256, qkv_out=768, experts=8, topk=2, groups=4, topk_group=2,
+                      inter=128)
+    layer = MoELayer(cfg, "cpu", seed=3)
+    for batch in (1, 5):  # gather path (few rows) and dense-masked path
+        x, r = layer.inputs(batch)
+        got = MoELayer.result(layer.standard(x, r))
+        assert ref.rel_err(got, layer.reference(x, r)) < ref.BF16_TOL
+
+
+def test_ops_reject_bad_inputs_before_any_gpu_work() -> None:
+    ops = importlib.import_module("agentload.kernels.ops")
+    x = torch.zeros(2, 64, dtype=torch.float32)
+    with pytest.raises(KernelsError, match=r"torch\.bfloat16"):
+        ops.silu_mul(x)
+    with pytest.raises(KernelsError, match="CUDA device"):
+        ops.silu_mul(x.bfloat16())
+    with pytest.raises(KernelsError, match="shape"):
+        ops.gemv(torch.zeros(2, 64, 3, dtype=torch.bfloat16),
+                 torch.zeros(8, 32, dtype=torch.bfloat16))
+    with pytest.raises(KernelsError, match=r"must be a torch\.Tensor"):
+        ops.silu_mul([1, 2])  # type: ignore[arg-type]
