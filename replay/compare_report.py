@@ -124,6 +124,35 @@ def _explain(runs: Sequence[LoadedRun]) -> list[str]:
     return out
 
 
+def depth_rows(runs: Sequence[LoadedRun]) -> list[list[str]]:
+    """TTFT P90 and P90 interactivity per context-depth bucket, each run beside the first.
+
+    A faster arm gets further into its sessions in the same duration, so its requests
+    are deeper on average; comparing bucket by bucket takes that drift out.
+    """
+    buckets: dict[tuple[int, Any], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for d in run.summary.get("by_context_depth") or []:
+            buckets.setdefault((d["min_isl"], d["max_isl"]), {})[run.label] = d
+    rows = []
+    for (lo, hi), per_run in sorted(buckets.items(), key=lambda kv: kv[0][0]):
+        base = per_run.get(runs[0].label)
+        cells = [f"{lo} to {hi if hi is not None else '…'}"]
+        for run in runs:
+            d = per_run.get(run.label)
+            cells.append("n/a" if d is None else
+                         f"{d['requests']} req, TTFT P90 {fmt(d['ttft_p90_s'], 's')}, "
+                         f"P90 int. {fmt(d['p90_interactivity_tok_s'], 'tok/s')}")
+        for run in runs[1:]:
+            d = per_run.get(run.label)
+            if base and d and base["ttft_p90_s"] and d["ttft_p90_s"] is not None:
+                cells.append(f"TTFT x{d['ttft_p90_s'] / base['ttft_p90_s']:.2f}")
+            else:
+                cells.append("n/a")
+        rows.append(cells)
+    return rows
+
+
 def _cached_share(run: LoadedRun) -> float | None:
     """Share of prompt tokens the server reports as cached (its counter, else usage)."""
     value = run.summary.get("server_prefix_cache_hit_rate")
@@ -162,6 +191,12 @@ def render_markdown(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> st
         ratios = [(f"x{r['ratio_to_baseline']:.3f} {r['verdict']}".strip()
                    if r["ratio_to_baseline"] is not None else "n/a") for r in row["runs"][1:]]
         lines.append("| " + " | ".join([row["label"], *values, *ratios]) + " |")
+    depth = depth_rows(runs)
+    if depth:
+        head = ["prompt tokens", *labels] + [f"{lab} / {labels[0]}" for lab in labels[1:]]
+        lines += ["", "## By context depth", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in depth]
     reading = _explain(runs)
     if reading:
         lines += ["", "## Reading", ""] + [f"- {md_escape(x)}" for x in reading]
@@ -194,6 +229,11 @@ def render_html(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> str:
                    if r["ratio_to_baseline"] is not None else "n/a") for r in row["runs"][1:]]
         table_rows.append(cells)
     parts.append(html_table(header, table_rows))
+    depth = depth_rows(runs)
+    if depth:
+        parts.append("<h2>By context depth</h2>" + html_table(
+            ["prompt tokens", *labels] + [f"{lab} / {labels[0]}" for lab in labels[1:]],
+            depth))
     reading = _explain(runs)
     if reading:
         parts.append("<h2>Reading</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in reading)
