@@ -105,11 +105,21 @@ class _SqliteSource:
         except sqlite3.Error as exc:
             raise ProfileError(f"{self.path}: cannot read {table} ({exc})") from None
         if not chunks:
-            return pl.DataFrame(schema={c: pl.Int64 for c in picked})
-        return pl.concat(chunks, how="vertical_relaxed")
+            return pl.DataFrame(schema={c: _null_type(c) for c in picked})
+        frame = pl.concat(chunks, how="vertical_relaxed")
+        # A column that is NULL in every row comes back untyped; give it its schema type.
+        return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
+                                  if frame[c].dtype == pl.Null)
 
     def close(self) -> None:
         self.con.close()
+
+
+TEXT_COLUMNS = {"text", "name", "value", "jsonText"}
+
+
+def _null_type(column: str) -> pl.DataType:
+    return pl.String() if column in TEXT_COLUMNS else pl.Int64()
 
 
 def _chunks(cur: sqlite3.Cursor) -> Iterator[list[tuple[object, ...]]]:
