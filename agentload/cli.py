@@ -15,6 +15,8 @@ import click
 import typer
 
 from agentload import AgentloadError, __version__
+from agentload.profiler.bench import profiler_speed
+from agentload.profiler.cli import app as profile_app
 from agentload.replay.bench import replay_fidelity
 from agentload.replay.cli import app as replay_app
 from agentload.traces.bench import import_speed
@@ -33,6 +35,7 @@ app = typer.Typer(
 )
 app.add_typer(replay_app)  # serve, replay, demo at the top level
 app.add_typer(traces_app, name="traces")
+app.add_typer(profile_app, name="profile")
 app.command("record")(record_command)
 app.command("dashboard")(dashboard_command)
 # Replays on a terminal open the dashboard (agentload.tui), which replay cannot import.
@@ -45,6 +48,7 @@ app.add_typer(bench_app, name="bench")
 bench_app.command("proxy")(bench_proxy_command)
 bench_app.command("import")(import_speed)
 bench_app.command("replay")(replay_fidelity)
+bench_app.command("profiler")(profiler_speed)
 bench_app.command("dashboard")(dashboard_bench)
 
 
