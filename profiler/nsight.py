@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import polars as pl
 
 from agentload.profiler.errors import ProfileError
@@ -97,6 +98,9 @@ class _SqliteSource:
     def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
         have = set(self.columns(table))
         picked = [c for c in columns if c in have]
+        ints = [c for c in picked if c not in TEXT_COLUMNS]
+        if picked and ints == picked:
+            return self._read_ints(table, picked, where)
         sql = f'SELECT {", ".join(picked)} FROM "{table}" {where}'
         try:
             cur = self.con.execute(sql)
@@ -111,11 +115,28 @@ class _SqliteSource:
         return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
                                   if frame[c].dtype == pl.Null)
 
+    def _read_ints(self, table: str, picked: list[str], where: str) -> pl.DataFrame:
+        """Integer columns straight into numpy (no per-value Python ints kept): NULL is
+        mapped to a sentinel inside SQLite so every chunk is one dense int64 array."""
+        cols = ", ".join(f"IFNULL({c}, {NULL_SENTINEL})" for c in picked)
+        parts: list[np.ndarray] = []
+        try:
+            for rows in _chunks(self.con.execute(f'SELECT {cols} FROM "{table}" {where}')):
+                parts.append(np.array(rows, dtype=np.int64))
+        except (sqlite3.Error, TypeError, ValueError, OverflowError) as exc:
+            raise ProfileError(f"{self.path}: cannot read {table} ({exc})") from None
+        data = (np.concatenate(parts) if parts
+                else np.zeros((0, len(picked)), np.int64))
+        frame = pl.DataFrame({c: data[:, i] for i, c in enumerate(picked)})
+        return frame.with_columns(
+            pl.when(pl.col(c) != NULL_SENTINEL).then(pl.col(c)).alias(c) for c in picked)
+
     def close(self) -> None:
         self.con.close()
 
 
 TEXT_COLUMNS = {"text", "name", "value", "jsonText"}
+NULL_SENTINEL = -(1 << 63)
 
 
 def _null_type(column: str) -> pl.DataType:

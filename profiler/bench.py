@@ -1,0 +1,275 @@
+"""``agentload bench profiler``: attribute a 10 M-kernel / 2 M-range export, against SQL.
+
+It builds one export twice (the same rows): as an Nsight Parquet directory
+(``nsys export --type parquetdir``'s layout, the input the research recommends for
+columnar tools) and as an Nsight SQLite file. The data is a decode trace of two TP
+ranks (separate processes; correlation ids restart per process), each step a range
+holding 32 ``model.layers.<i>`` ranges, each holding ``self_attn`` and ``mlp`` ranges,
+with kernels in every level; 97 ranges and 481 kernels a step.
+
+Then, each timed from a fresh child process (so the peak RSS is attribution's alone):
+
+1. ``agentload.profiler`` on the Parquet directory: ingest + attribute + the per-layer
+   tables (``summarize(level="layer")``), wall time and peak RSS; the innermost range of
+   every kernel is checked against the construction's ground truth;
+2. the same on the SQLite file (SQLite row fetching dominates: Python's ``sqlite3``);
+3. the straightforward SQL join (the docs' "innermost enclosing range" query: kernel
+   JOIN runtime ON correlationId and the globalPid mask, correlated subquery over
+   NVTX_EVENTS with ``ORDER BY start DESC LIMIT 1``, after creating the two indexes it
+   needs) run inside SQLite, summed there so no Python fetch is charged to it; its
+   checksum must equal ours. ``--sql-kernels N`` runs it on the first N kernels only and
+   scales the time linearly (said so in the output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import typer
+
+from agentload.profiler.synthetic import (
+    INSERT_COLUMNS,
+    LAUNCH_KERNEL,
+    SCHEMA,
+    global_pid,
+    global_tid,
+)
+
+LAYERS = 32
+ATTN_K = 7
+MLP_K = 7
+SLOT = 1_000  # ns: one launch slot on the CPU timeline
+KERNEL_NAMES = ["rmsnorm_kernel", "qkv_gemm", "rope_kernel", "flash_attn_decode",
+                "o_proj_gemm", "allreduce_kernel", "residual_add", "gate_up_gemm",
+                "silu_mul_kernel", "down_gemm", "allreduce_kernel_2", "residual_add_2",
+                "moe_router", "topk_softmax", "lm_head_gemm"]
+
+
+def _step_template() -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+    """Ranges (start slot, end slot, name) and kernels (slot, owner range) of one step."""
+    ranges: list[tuple[int, int, str]] = []
+    kernels: list[tuple[int, int]] = []
+    total = 2 + LAYERS * 20 + 1
+    ranges.append((0, total, "decode_step"))
+    for layer in range(LAYERS):
+        base = 1 + layer * 20
+        li = len(ranges)
+        ranges.append((base, base + 19, f"model.layers.{layer}"))
+        ai = len(ranges)
+        ranges.append((base + 1, base + 9, f"model.layers.{layer}.self_attn"))
+        kernels += [(base + 2 + k, ai) for k in range(ATTN_K)]
+        mi = len(ranges)
+        ranges.append((base + 10, base + 18, f"model.layers.{layer}.mlp"))
+        kernels += [(base + 11 + k, mi) for k in range(MLP_K)]
+        kernels.append((base + 18, li))  # in the layer, after its mlp
+    kernels.append((1 + LAYERS * 20, 0))  # in the step, outside every layer
+    return ranges, kernels
+
+
+def build(workdir: Path, target_ranges: int) -> dict[str, Any]:
+    """Write ``export.sqlite`` and ``export_pq/`` into ``workdir``; return the counts."""
+    r_tpl, k_tpl = _step_template()
+    steps = max(2, -(-target_ranges // len(r_tpl)))
+    step_slots = r_tpl[0][1] + 3
+    per_rank = [steps // 2, steps - steps // 2]
+    r_start_t = np.array([r[0] for r in r_tpl], np.int64)
+    r_end_t = np.array([r[1] for r in r_tpl], np.int64)
+    r_name_t = np.array([r[2] for r in r_tpl], dtype=object)
+    k_slot_t = np.array([k[0] for k in k_tpl], np.int64)
+    k_owner_t = np.array([k[1] for k in k_tpl], np.int64)
+    k_name_t = np.arange(len(k_tpl), dtype=np.int64) % len(KERNEL_NAMES) + 1
+    strings = {n: i + 1 for i, n in enumerate(KERNEL_NAMES)}
+    strings[LAUNCH_KERNEL] = len(strings) + 1
+    frames: dict[str, list[pl.DataFrame]] = {"K": [], "R": [], "N": []}
+    event_base = 0
+    truth: list[npt.NDArray[np.int64]] = []
+    for rank, n_steps in enumerate(per_rank):
+        pid = 4000 + rank
+        gpid = global_pid(pid)
+        gtid = global_tid(pid, pid + 1)
+        s = np.arange(n_steps, dtype=np.int64)
+        r_start = (s[:, None] * step_slots + r_start_t[None, :]).ravel() * SLOT
+        r_end = (s[:, None] * step_slots + r_end_t[None, :]).ravel() * SLOT
+        event_id = event_base + 1 + np.arange(len(r_start), dtype=np.int64)
+        api = ((s[:, None] * step_slots + k_slot_t[None, :]).ravel() * SLOT) + 100
+        owner = (event_base + 1 + s[:, None] * len(r_tpl) + k_owner_t[None, :]).ravel()
+        n_k = len(api)
+        corr = np.arange(1, n_k + 1, dtype=np.int64)
+        truth.append(owner)
+        frames["N"].append(pl.DataFrame({
+            "start": r_start, "end": r_end, "eventType": np.full(len(r_start), 59),
+            "rangeId": pl.Series([None] * len(r_start), dtype=pl.Int64),
+            "text": np.tile(r_name_t, n_steps).tolist(),
+            "globalTid": np.full(len(r_start), gtid), "endGlobalTid": pl.Series(
+                [None] * len(r_start), dtype=pl.Int64),
+            "textId": pl.Series([None] * len(r_start), dtype=pl.Int64),
+            "domainId": np.zeros(len(r_start), np.int64), "eventId": event_id}))
+        frames["R"].append(pl.DataFrame({
+            "start": api, "end": api + 500, "eventClass": np.zeros(n_k, np.int64),
+            "globalTid": np.full(n_k, gtid), "correlationId": corr,
+            "nameId": np.full(n_k, strings[LAUNCH_KERNEL]), "returnValue": np.zeros(n_k)}
+        ).with_columns(pl.col("returnValue").cast(pl.Int64)))
+        frames["K"].append(pl.DataFrame({
+            "start": api + 5_000, "end": api + 5_800, "deviceId": np.full(n_k, rank),
+            "contextId": np.ones(n_k, np.int64), "streamId": np.full(n_k, 7),
+            "correlationId": corr, "globalPid": np.full(n_k, gpid),
+            "demangledName": np.tile(k_name_t, n_steps), "shortName": np.tile(k_name_t, n_steps),
+            "graphNodeId": pl.Series([None] * n_k, dtype=pl.Int64)}))
+        event_base = int(event_id[-1])
+    tables = {"CUPTI_ACTIVITY_KIND_KERNEL": pl.concat(frames["K"]),
+              "CUPTI_ACTIVITY_KIND_RUNTIME": pl.concat(frames["R"]),
+              "NVTX_EVENTS": pl.concat(frames["N"])}
+    string_frame = pl.DataFrame({"id": list(strings.values()), "value": list(strings)})
+    pq = workdir / "export_pq"
+    pq.mkdir(exist_ok=True)
+    for name, frame in tables.items():
+        frame.write_parquet(pq / f"{name}.parquet")
+    string_frame.write_parquet(pq / "StringIds.parquet")
+    np.save(workdir / "truth.npy", np.concatenate(truth))
+    _write_sqlite(workdir / "export.sqlite", tables, strings)
+    return {"kernels": tables["CUPTI_ACTIVITY_KIND_KERNEL"].height,
+            "runtime": tables["CUPTI_ACTIVITY_KIND_RUNTIME"].height,
+            "ranges": tables["NVTX_EVENTS"].height, "steps": steps, "ranks": 2}
+
+
+def _write_sqlite(path: Path, tables: dict[str, pl.DataFrame], strings: dict[str, int]) -> None:
+    path.unlink(missing_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=OFF")
+    con.execute("PRAGMA synchronous=OFF")
+    for stmt in SCHEMA.split(";"):
+        stmt = stmt.strip()
+        if stmt and stmt.split()[2] in {*tables, "StringIds"}:
+            con.execute(stmt)
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in strings.items()])
+    for name, frame in tables.items():
+        wanted = [c.strip() for c in INSERT_COLUMNS[name].split(",")]
+        cols = [c for c in wanted if c in frame.columns]
+        marks = ", ".join("?" * len(cols))
+        for chunk in frame.select(cols).iter_slices(500_000):
+            con.executemany(f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({marks})",
+                            chunk.iter_rows())
+    con.commit()
+    con.close()
+
+
+def _child(path: str, truth: str) -> None:
+    """Timed in a fresh process: load, attribute, per-layer tables; check ownership."""
+    from agentload.profiler import attribute, load_profile, summarize
+
+    t0 = time.perf_counter()
+    profile = load_profile(Path(path))
+    t1 = time.perf_counter()
+    att = attribute(profile)
+    t2 = time.perf_counter()
+    s = summarize(att, level="layer")
+    t3 = time.perf_counter()
+    owner = att.ranges["range_id"].gather(att.ops["range"].fill_null(0)).to_numpy()
+    want = np.load(truth)
+    wrong = int((owner != want).sum()) + int(att.ops["range"].null_count())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"load_s": t1 - t0, "attribute_s": t2 - t1, "tables_s": t3 - t2,
+                      "total_s": t3 - t0, "peak_rss_bytes": rss, "wrong": wrong,
+                      "layers": s.layers.height, "checksum": int(owner.sum())}))
+
+
+def _run_child(path: Path, truth: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", "--child",
+                          str(path), str(truth)], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"benchmark child failed: {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+SQL_JOIN = """
+SELECT count(*), sum(owner) FROM (
+  SELECT (SELECT n.eventId FROM NVTX_EVENTS n
+           WHERE n.eventType = 59 AND n.globalTid = r.globalTid
+             AND n.start <= r.start AND n.end >= r.end
+           ORDER BY n.start DESC LIMIT 1) AS owner
+  FROM CUPTI_ACTIVITY_KIND_KERNEL k
+  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+    ON r.correlationId = k.correlationId
+   AND (r.globalTid & -16777216) = k.globalPid   -- & 0xFFFFFFFFFF000000 as signed
+  WHERE k.rowid <= ?)
+"""
+
+
+def sql_join(path: Path, limit: int) -> dict[str, Any]:
+    """The straightforward SQL attribution, indexes included, on a copy of the file."""
+    work = path.with_name("sql_copy.sqlite")
+    work.write_bytes(path.read_bytes())
+    con = sqlite3.connect(work)
+    t0 = time.perf_counter()
+    con.execute("CREATE INDEX nvtx_tid_start ON NVTX_EVENTS(globalTid, start)")
+    con.execute("CREATE INDEX rt_corr ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)")
+    t1 = time.perf_counter()
+    count, total = con.execute(SQL_JOIN, (limit,)).fetchone()
+    t2 = time.perf_counter()
+    con.close()
+    work.unlink()
+    return {"index_s": t1 - t0, "query_s": t2 - t1, "rows": count, "checksum": total}
+
+
+def profiler_speed(
+    ranges: Annotated[int, typer.Option(
+        "--ranges", help="NVTX ranges to build (kernels follow: about 5 per range).")]
+    = 2_000_000,
+    sql_kernels: Annotated[int | None, typer.Option(
+        "--sql-kernels", help="Run the SQL join on the first N kernels only and scale its "
+                              "time linearly (default: all).")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        "--workdir", help="Where to build the exports (default: a temporary directory).")]
+    = None,
+) -> None:
+    """Attribute a 10 M-kernel / 2 M-range export; compare with a plain SQL join."""
+    with tempfile.TemporaryDirectory(prefix="agentload-bench-profiler-") as tmp:
+        work = workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        counts = build(work, ranges)
+        typer.echo(f"built {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
+                   f"{counts['ranges']:,} ranges ({counts['steps']:,} steps, 2 ranks) in "
+                   f"{time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs")
+        truth = work / "truth.npy"
+        pq = _run_child(work / "export_pq", truth)
+        typer.echo(f"agentload.profiler, Parquet dir: {pq['total_s']:.2f} s "
+                   f"(load {pq['load_s']:.2f}, attribute {pq['attribute_s']:.2f}, tables "
+                   f"{pq['tables_s']:.2f}), peak RSS {pq['peak_rss_bytes'] / 2**30:.2f} GiB, "
+                   f"{pq['wrong']} kernels misattributed")
+        lite = _run_child(work / "export.sqlite", truth)
+        typer.echo(f"agentload.profiler, SQLite:      {lite['total_s']:.2f} s "
+                   f"(load {lite['load_s']:.2f}, attribute {lite['attribute_s']:.2f}, tables "
+                   f"{lite['tables_s']:.2f}), peak RSS {lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
+                   f"{lite['wrong']} kernels misattributed")
+        limit = sql_kernels or counts["kernels"]
+        sql = sql_join(work / "export.sqlite", limit)
+        scale = counts["kernels"] / max(sql["rows"], 1)
+        sql_total = sql["index_s"] + sql["query_s"] * scale
+        scaled = " (query time scaled from the first {:,} kernels)".format(sql["rows"]) \
+            if sql["rows"] < counts["kernels"] else ""
+        typer.echo(f"SQL join in SQLite:              {sql_total:.2f} s (indexes "
+                   f"{sql['index_s']:.2f}, query {sql['query_s'] * scale:.2f}){scaled}")
+        if sql["rows"] == counts["kernels"]:
+            same = "same" if sql["checksum"] == pq["checksum"] else "DIFFERENT"
+            typer.echo(f"SQL and agentload owners: {same} (checksum over all kernels)")
+        typer.echo(f"ratio SQL / agentload: {sql_total / pq['total_s']:.1f}x (Parquet dir), "
+                   f"{sql_total / lite['total_s']:.1f}x (SQLite, fetch included)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3])
