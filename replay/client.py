@@ -56,6 +56,8 @@ class StreamResult:
     chunk_tokens: list[int] = field(default_factory=list, repr=False)
     # The generated token ids, when asked for (``return_token_ids``).
     output_ids: list[int] | None = field(default=None, repr=False)
+    # The generated text (content deltas, or completion text), when asked for.
+    output_text: list[str] | None = field(default=None, repr=False)
     # Python stamps of the token chunks when ``chunk_ns`` holds kernel receive stamps.
     chunk_user_ns: list[int] | None = field(default=None, repr=False)
     # The emulator's emission stamp (``t_emit_ns``) of each token chunk, when asked for.
@@ -96,6 +98,7 @@ async def stream_completion(
     on_first_token: Callable[[], None] | None = None,
     collect_token_ids: bool = False,
     collect_emit_ns: bool = False,
+    collect_text: bool = False,
 ) -> StreamResult:
     """POST ``body`` (with ``stream: true``) to ``url`` and follow the SSE stream.
 
@@ -112,6 +115,7 @@ async def stream_completion(
         hdrs.update(headers)
     result = StreamResult(sent_ns=time.perf_counter_ns(), on_first_token=on_first_token,
                           output_ids=[] if collect_token_ids else None,
+                          output_text=[] if collect_text else None,
                           chunk_emit_ns=[] if collect_emit_ns else None)
     try:
         async with asyncio.timeout(total_timeout_s):
@@ -236,6 +240,12 @@ def _handle_data(data: bytes, now: int, result: StreamResult) -> None:
     if result.output_ids is not None:
         for choice in choices:
             result.output_ids.extend(choice.get("token_ids") or ())
+    if result.output_text is not None:
+        for choice in choices:
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if piece:
+                result.output_text.append(piece)
     if tokens:
         if result.first_token_ns is None:
             result.first_token_ns = now

@@ -315,8 +315,7 @@ class ReplayEngine:
             self.options.output_mode == "actual") else {}
         if self.options.api == "chat":
             # Chat endpoints take text only: deterministic words per block, one user turn.
-            prompt: dict[str, Any] = {"messages": [
-                {"role": "user", "content": self.texts.text(req.blocks)}]}
+            prompt: dict[str, Any] = {"messages": self.texts.messages(req.blocks)}
         else:
             prompt = {"prompt": self.prompts.prompt(req.blocks)}
         return orjson.dumps({
@@ -357,12 +356,20 @@ class ReplayEngine:
                 self.client, self._url, payload, headers=headers,
                 total_timeout_s=self.options.request_timeout_s,
                 on_first_token=first_token,
-                collect_token_ids=threads is not None)
+                collect_token_ids=threads is not None,
+                collect_text=threads is not None and self.options.api == "chat")
         finally:
             self._in_flight -= 1
         self.diagnostics.observe(res)
-        if threads is not None and res.ok and res.output_ids:
+        answer: Block | None = None
+        if threads is not None and res.ok and self.options.api == "chat":
+            # Chat prompts are text: the answer goes back as the assistant's own words.
+            if res.output_text is not None:
+                answer = self.texts.literal("".join(res.output_text),
+                                            res.completion_tokens or req.output_tokens)
+        elif threads is not None and res.ok and res.output_ids:
             answer = self.prompts.literal(res.output_ids)
+        if threads is not None and answer is not None:
             threads.answered(req, answer)
             # The server keeps the KV of what it generated, so prompt + answer is cached.
             self.cache_model.cache(server_block_keys((*req.blocks, answer),

@@ -153,14 +153,61 @@ class TextPrompts:
             raise ValueError("words_per_token must be positive")
         self._ids = TokenPrompts(salt, 0, len(WORDS))
         self.words_per_token = words_per_token
+        # The model's actual answers (``--outputs actual``): text given, not derived.
+        self._literals: dict[int, str] = {}
+        self._next_literal = LITERAL_BASE
+
+    def literal(self, text: str, tokens: int) -> Block:
+        """A new block that stands for exactly ``text`` (``tokens`` long, as generated)."""
+        block = Block(self._next_literal, max(1, tokens))
+        self._next_literal -= 1
+        self._literals[block.id] = text
+        return block
 
     def block_text(self, block: Block) -> str:
         return self.text([block])
 
     def text(self, blocks: Sequence[Block]) -> str:
         """The text of a prompt made of ``blocks``: space-separated words, in order."""
-        scaled = [Block(b.id, max(1, round(b.tokens * self.words_per_token))) for b in blocks]
-        return " ".join(WORDS[i] for i in self._ids.prompt(scaled))
+        parts = [text for _, text in self._segments(blocks)]
+        return " ".join(p for p in parts if p)
+
+    def messages(self, blocks: Sequence[Block]) -> list[dict[str, str]]:
+        """Chat messages for ``blocks``: the model's own answers (literal blocks) become
+        assistant turns between user turns, as an agent's history would, so the server
+        can reuse the KV it generated; everything else is user text."""
+        out: list[dict[str, str]] = []
+        for is_answer, text in self._segments(blocks):
+            role = "assistant" if is_answer else "user"
+            if out and out[-1]["role"] == role:
+                out[-1]["content"] += " " + text
+            else:
+                out.append({"role": role, "content": text})
+        if not out or out[0]["role"] != "user":
+            out.insert(0, {"role": "user", "content": ""})
+        return out
+
+    def _segments(self, blocks: Sequence[Block]) -> list[tuple[bool, str]]:
+        """Runs of derived words and literal answers, in order: (is_answer, text)."""
+        segments: list[tuple[bool, str]] = []
+        run: list[Block] = []
+
+        def flush() -> None:
+            if run:
+                scaled = [Block(b.id, max(1, round(b.tokens * self.words_per_token)))
+                          for b in run]
+                segments.append((False, " ".join(WORDS[i] for i in self._ids.prompt(scaled))))
+                run.clear()
+
+        for block in blocks:
+            answer = self._literals.get(block.id)
+            if answer is None:
+                run.append(block)
+            else:
+                flush()
+                segments.append((True, answer))
+        flush()
+        return segments
 
 
 CALIBRATION_BLOCK = Block(id=-7, tokens=400)

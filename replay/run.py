@@ -34,6 +34,7 @@ import polars as pl
 
 from agentload import __version__
 from agentload.replay import prometheus
+from agentload.replay.arms import Arm, arm_server_spec, check_gpu_count
 from agentload.replay.engine import (
     EngineOutcome,
     ProgressSnapshot,
@@ -63,6 +64,7 @@ from agentload.replay.metrics import (
     summarize,
     validity,
 )
+from agentload.replay.profile_window import ProfileWindowLog, run_profile_window
 from agentload.replay.prompts import (
     CALIBRATION_BLOCK,
     DEFAULT_TOKEN_ID_RANGE,
@@ -73,8 +75,10 @@ from agentload.replay.report import HEADLINE, fmt, write_reports
 from agentload.replay.server import (
     ManagedServer,
     ServerSpec,
+    effective_config,
     embedded_server_spec,
     last_log_error,
+    nsys_wrap,
     serving,
 )
 from agentload.traces import Trace
@@ -317,6 +321,7 @@ async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_u
 async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
                   server: ManagedServer | None, progress: ProgressMode, say: Say,
                   interval_s: float, gpus: GpuSampler | None = None,
+                  window: ProfileWindowLog | None = None,
                   ) -> tuple[EngineOutcome, prometheus.MetricsScrape, prometheus.MetricsScrape]:
     if progress == "dashboard":
         say = engine.live.say  # lines go to the dashboard's event log, not over its screen
@@ -330,6 +335,9 @@ async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str
                                                               interval_s)))
         if server is not None:
             helpers.append(asyncio.create_task(_watch_server(engine, server, say)))
+        if window is not None:
+            helpers.append(asyncio.create_task(run_profile_window(client, base_url, window,
+                                                                  say)))
         try:
             # The client's self-diagnostics: CPU, GC pauses and loop lag over the run.
             engine.diagnostics.start()
@@ -339,6 +347,8 @@ async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str
         finally:
             for task in helpers:
                 task.cancel()
+            # Let cancelled helpers finish their cleanup (the profile window's stop call).
+            await asyncio.gather(*helpers, return_exceptions=True)
         after = await prometheus.scrape(client, base_url)
     return outcome, before, after
 
@@ -352,7 +362,8 @@ def _target_for(spec: ServerSpec | None, target_url: str | None, model: str | No
         with serving(spec, run_dir / "server.log", progress=say,
                      startup_timeout_s=startup_timeout_s) as server:
             served, facts = probe_target(spec.base_url, None, None)
-            facts |= {"argv": list(spec.argv), "startup_s": server.startup_s}
+            facts |= {"argv": list(spec.argv), "startup_s": server.startup_s,
+                      "effective_config": effective_config(server.log_path)}
             low = 16  # past the tiny tokenizer's special tokens
             yield Target(spec.base_url, served, gpus=gpus or spec.gpus, device=spec.device,
                          label=spec.label,
@@ -385,10 +396,22 @@ def run_replay(
     trace_format: str = AUTO,
     fit: FitOptions | None = None,
     viewer: Viewer | None = None,
+    arm: Arm | None = None,
+    nsys_output: Path | None = None,
+    profile_window: tuple[float, float] | None = None,
 ) -> RunResult:
-    """Replay ``trace`` against ``target_url`` (or a fresh embedded server) into ``run_dir``."""
-    if embedded == (target_url is not None):
-        raise ReplayError("give exactly one target: --target URL or --embedded")
+    """Replay ``trace`` against ``target_url``, a fresh embedded server, or ``arm``'s server.
+
+    ``nsys_output`` runs a started server under ``nsys profile``; ``profile_window``
+    (START, END seconds into the replay) calls the server's /start_profile and
+    /stop_profile around that window.
+    """
+    if embedded + (target_url is not None) + (arm is not None) != 1:
+        raise ReplayError("give exactly one target: --target URL, --arm FILE:NAME or "
+                          "--embedded")
+    if nsys_output is not None and target_url is not None:
+        raise ReplayError("--nsys wraps a server agentload starts; with --target, start "
+                          "your server under nsys yourself")
     if gpus is not None and gpus < 1:
         raise ReplayError("--gpus must be at least 1")
     options = options or ReplayOptions(cache_salt=new_cache_salt())
@@ -397,7 +420,14 @@ def run_replay(
     trace_obj, trace_path, trace_format = _load(trace, trace_format, say)
     run_dir = Path(run_dir)
     _prepare_run_dir(run_dir)
-    spec = embedded_server_spec() if embedded else None
+    if arm is not None:
+        check_gpu_count(arm)
+        spec: ServerSpec | None = arm_server_spec(arm)
+    else:
+        spec = embedded_server_spec() if embedded else None
+    if spec is not None and nsys_output is not None:
+        spec = nsys_wrap(spec, nsys_output)
+    window = ProfileWindowLog(profile_window) if profile_window is not None else None
     run: dict[str, Any] = {
         "agentload_version": __version__,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -405,10 +435,15 @@ def run_replay(
                   "sessions": len(trace_obj.sessions),
                   "requests": trace_obj.num_requests, "block_size": trace_obj.block_size},
         "options": asdict(options),
+        "arm": arm.describe() if arm is not None else None,
+        "nsys_output": str(nsys_output) if nsys_output is not None else None,
         "prompt_mode": "token-ids",
         "output_tokens": (
-            "actual (the trace's output length with ignore_eos; the model's own token ids "
-            "replace the trace's answer blocks in later prompts)"
+            ("actual (the trace's output length with ignore_eos; the model's own token ids "
+             "replace the trace's answer blocks in later prompts)") if options.api != "chat"
+            else ("actual (the trace's output length with ignore_eos; the model's own text "
+                  "comes back as an assistant message in place of the trace's answer "
+                  "blocks)")
             if options.output_mode == "actual" else
             "canned (the trace's output length with ignore_eos; later prompts carry the "
             "trace's answer blocks)"),
@@ -422,8 +457,6 @@ def run_replay(
                      startup_timeout_s) as (target, facts, server):
         trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
         check_fits(trace_obj, facts.get("max_model_len"))
-        if options.output_mode == "actual" and options.api == "chat":
-            raise ReplayError("--outputs actual needs token-id prompts (--api completions)")
         if options.api == "chat":
             wpt, how = calibrate_words(target.base_url, target.model, api_key)
             options = replace(options, words_per_token=wpt)
@@ -447,7 +480,7 @@ def run_replay(
             try:
                 outcome, before, after = asyncio.run(_replay(
                     engine, client, target.base_url, server, progress, say,
-                    progress_interval_s, sampler))
+                    progress_interval_s, sampler, window))
             except KeyboardInterrupt:
                 interrupted = True
                 say("interrupted: stopping, and writing what completed")
@@ -466,6 +499,8 @@ def run_replay(
     if outcome is not None:
         run["outcome"] = asdict(outcome)
         run["client_diagnostics"] = engine.diagnostics.summary()
+    if window is not None:
+        run["profile_window"] = window.as_dict()
     run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
