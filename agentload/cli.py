@@ -19,6 +19,7 @@ from agentload.profiler.bench import profiler_speed
 from agentload.profiler.cli import app as profile_app
 from agentload.replay.bench import replay_fidelity
 from agentload.replay.cli import app as replay_app
+from agentload.replay.measure_cli import agree_command, client_command, emulator_command
 from agentload.traces.bench import import_speed
 from agentload.traces.cli import app as traces_app
 from agentload.traces.record import record_command
@@ -49,6 +50,10 @@ bench_app.command("proxy")(bench_proxy_command)
 bench_app.command("import")(import_speed)
 bench_app.command("replay")(replay_fidelity)
 bench_app.command("profiler")(profiler_speed)
+bench_app.command("emulator", help="Run the loopback SSE emulator: test equipment for "
+                  "measuring clients, never a server under test.")(emulator_command)
+bench_app.command("client")(client_command)
+bench_app.command("agree")(agree_command)
 bench_app.command("dashboard")(dashboard_bench)
 
 

@@ -1,0 +1,197 @@
+"""``agentload bench agree``: do agentload's TTFT and ITL agree with ``vllm bench serve``'s?
+
+The same requests (N single-turn requests of exactly ``input_len`` prompt tokens and
+``output_len`` output tokens with ``ignore_eos``, fresh prompts so no prefix hits, at the
+same closed-loop concurrency) are played by agentload and by ``vllm bench serve`` (and
+AIPerf where it is installed) against one vLLM server, alternating, ``runs`` times each.
+Per tool and run it computes, with the same definitions for every tool:
+
+- TTFT = first token chunk - request sent;
+- TPOT = (last chunk - first chunk) / (OSL - 1), per request (agentload's ``ITL_i``);
+- ITL (per chunk) = gaps between consecutive token chunks, pooled over requests;
+
+then P50 and P90 (linear interpolation), the median of those over the runs, and
+agentload / vllm ratios. Without ``--target`` it starts the embedded vLLM CPU server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from agentload.replay.client_bench import ClientBenchConfig, aiperf_status, run_vllm_bench
+from agentload.replay.engine import ReplayOptions
+from agentload.replay.errors import ReplayError
+from agentload.replay.journal import CHUNKS_NAME
+from agentload.traces import Block, Request, Session, Trace
+
+METRICS = ("ttft", "tpot", "itl")
+QUANTILES = (50, 90)
+
+
+def agree_trace(requests: int, input_len: int, output_len: int, salt: int = 0) -> Trace:
+    """``requests`` one-request sessions with disjoint prompts of exactly ``input_len``."""
+    sessions = tuple(
+        Session(f"agree{i}", (Request(f"agree{i}/0", f"agree{i}",
+                                      (Block(1_000_000 + salt * 100_000 + i, input_len),),
+                                      output_len),))
+        for i in range(requests))
+    return Trace("agree", sessions, block_size=max(1, input_len))
+
+
+def _pcts(values: np.ndarray) -> dict[str, float | None]:
+    return {f"p{q}_ms": (float(np.percentile(values, q)) * 1e3 if values.size else None)
+            for q in QUANTILES}
+
+
+def figures(ttft_s: list[float], per_request_gaps_s: list[np.ndarray],
+            osl: list[int]) -> dict[str, dict[str, float | None]]:
+    """TTFT, TPOT and per-chunk ITL percentiles (ms) from per-request samples."""
+    tpot = [float(g.sum()) / (n - 1) for g, n in zip(per_request_gaps_s, osl, strict=True)
+            if n >= 2 and g.size]
+    gaps = (np.concatenate([g for g in per_request_gaps_s if g.size])
+            if per_request_gaps_s else np.zeros(0))
+    return {"ttft": _pcts(np.asarray(ttft_s)), "tpot": _pcts(np.asarray(tpot)),
+            "itl": _pcts(gaps)}
+
+
+def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
+                  output_len: int, salt: int) -> dict[str, Any]:
+    from agentload.replay.run import new_cache_salt, run_replay
+
+    trace = agree_trace(requests, input_len, output_len, salt)
+    result = run_replay(trace, run_dir, target_url=url,
+                        options=ReplayOptions(users=concurrency, time_scale=0.0,
+                                              cache_salt=new_cache_salt()),
+                        progress="none", report=False, say=lambda _: None)
+    frame = pl.read_parquet(run_dir / "requests.parquet").filter(pl.col("ok"))
+    chunks = pl.read_parquet(run_dir / CHUNKS_NAME).sort("request_id", "index")
+    by_request = {k[0]: g["t_ns"].to_numpy() for k, g in chunks.group_by("request_id")}
+    ttft = ((frame["first_token_ns"] - frame["sent_ns"]) / 1e9).to_list()
+    gaps = [np.diff(by_request.get(r, np.zeros(0, np.int64))) / 1e9
+            for r in frame["request_id"].to_list()]
+    osl = [int(x) for x in frame["osl"].fill_null(0).to_list()]
+    out: dict[str, Any] = figures(ttft, gaps, osl)
+    out["completed"] = frame.height
+    out["client"] = {k: result.summary.get("client", {}).get(k) for k in (
+        "stamp_error_p99_s", "events_per_read", "loop_lag_p99_s", "saturation_reasons")}
+    return out
+
+
+def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int,
+             concurrency: int, input_len: int, output_len: int) -> dict[str, Any]:
+    got = run_vllm_bench(url, ClientBenchConfig(), workdir, tokenizer, model=model,
+                         num_prompts=requests, input_len=input_len, output_len=output_len,
+                         concurrency=concurrency)
+    if not got.get("ran"):
+        return got
+    ttft = [t for t in got["ttfts_s"] if t]
+    gaps = [np.asarray(itl, dtype=float) for itl, t in zip(got["itls_s"], got["ttfts_s"],
+                                                            strict=False) if t]
+    # The chunks' count, as agentload's OSL when every chunk is one token.
+    osl = [int(n) for n, t in zip(got["output_lens"], got["ttfts_s"], strict=False) if t]
+    out: dict[str, Any] = figures(ttft, gaps, osl)
+    out["completed"] = len(ttft)
+    out["ran"] = True
+    return out
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for m in METRICS:
+        out[m] = {}
+        for q in QUANTILES:
+            vals = [r[m][f"p{q}_ms"] for r in runs if r.get(m) and r[m][f"p{q}_ms"] is not None]
+            out[m][f"p{q}_ms"] = statistics.median(vals) if vals else None
+    return out
+
+
+@contextlib.contextmanager
+def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Iterator[str]:
+    if url is not None:
+        yield url.rstrip("/")
+        return
+    from agentload.replay.server import embedded_server_spec, serving
+    spec = embedded_server_spec()
+    say("starting the embedded vLLM CPU server ...")
+    with serving(spec, workdir / "server.log", progress=lambda _: None):
+        yield spec.base_url
+
+
+def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
+              input_len: int = 128, output_len: int = 64, runs: int = 3,
+              say: Callable[[str], None] = lambda _: None,
+              workdir: Path | None = None) -> dict[str, Any]:
+    """Run every tool ``runs`` times against one server; medians and ratios."""
+    from agentload.replay.run import probe_target
+    from agentload.replay.tiny_model import ensure_tiny_model
+
+    if min(requests, concurrency, runs, input_len) < 1 or output_len < 2:
+        raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1 and "
+                          "--output-len >= 2")
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="agentload-agree-")))
+        base = stack.enter_context(_target(url, workdir, say))
+        model, _ = probe_target(base, None, None)
+        tokenizer = ensure_tiny_model()
+        ours: list[dict[str, Any]] = []
+        theirs: list[dict[str, Any]] = []
+        # A fresh server is slow on its first requests (allocation, warm-up): one short
+        # unmeasured pass first, so neither tool measures the cold start.
+        say("warm-up pass (not measured) ...")
+        agentload_run(base, workdir / "warmup", max(2 * concurrency, 8), concurrency,
+                      input_len, output_len, salt=runs + 1)
+        for i in range(runs):
+            say(f"run {i + 1}/{runs}: agentload ...")
+            ours.append(agentload_run(base, workdir / f"agentload{i}", requests, concurrency,
+                                      input_len, output_len, salt=i))
+            say(f"run {i + 1}/{runs}: vllm bench serve ...")
+            theirs.append(vllm_run(base, workdir, model, tokenizer, requests, concurrency,
+                                   input_len, output_len))
+            if not theirs[-1].get("ran"):
+                raise ReplayError(f"vllm bench serve did not run: {theirs[-1].get('reason')}")
+    a, v = median_of(ours), median_of(theirs)
+    ratios = {m: {k: (a[m][k] / v[m][k] if a[m][k] and v[m][k] else None) for k in a[m]}
+              for m in METRICS}
+    worst = max((abs(r - 1) for m in ("ttft", "tpot") for r in ratios[m].values()
+                 if r is not None), default=None)
+    medians_within = all(
+        ratios[m]["p50_ms"] is not None and abs(ratios[m]["p50_ms"] - 1) <= 0.03
+        for m in ("ttft", "tpot"))
+    return {"config": {"requests": requests, "concurrency": concurrency,
+                       "input_len": input_len, "output_len": output_len, "runs": runs,
+                       "model": model},
+            "agentload": a, "vllm_bench": v, "ratio": ratios,
+            "agentload_runs": ours, "vllm_bench_runs": theirs,
+            "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
+            "medians_within_3pct": medians_within, "worst_deviation": worst}
+
+
+def agree_lines(r: dict[str, Any]) -> list[str]:
+    c = r["config"]
+    lines = [f"agreement on {c['model']}: {c['requests']} requests, ISL {c['input_len']}, OSL "
+             f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs",
+             f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}"]
+    for m in METRICS:
+        for q in QUANTILES:
+            k = f"p{q}_ms"
+            a, v, ratio = r["agentload"][m][k], r["vllm_bench"][m][k], r["ratio"][m][k]
+            lines.append(f"  {m.upper() + ' P' + str(q):<10}"
+                         f"{(f'{a:.2f} ms' if a is not None else 'n/a'):>12}"
+                         f"{(f'{v:.2f} ms' if v is not None else 'n/a'):>12}"
+                         f"{(f'{ratio:.3f}' if ratio is not None else 'n/a'):>8}")
+    lines.append("  TTFT = first token chunk - sent; TPOT = (last - first chunk) / (OSL - 1) "
+                 "per request (agentload's ITL); ITL = per-chunk gaps")
+    lines.append("  medians (TTFT, TPOT P50) within 3 %: "
+                 + ("yes" if r["medians_within_3pct"] else "NO"))
+    lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:160]}")
+    return lines

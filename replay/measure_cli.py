@@ -1,0 +1,96 @@
+"""``agentload bench emulator | client | agree``: measurement truth, as commands.
+
+Thin typer wrappers over ``emulator.main``, ``client_bench.client_benchmark`` and
+``agree.agreement``; each is usable from Python the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+EMULATOR_HELP = ("Run the loopback SSE emulator (test equipment for measuring clients, not "
+                 "a server to benchmark) until Ctrl-C.")
+
+
+def emulator_command(
+    port: Annotated[int, typer.Option("--port")] = 8100,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="Time to first token.")] = 50.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", help="Engine step (ms).")] = 20.0,
+    jitter_ms: Annotated[float, typer.Option("--jitter-ms", help="Step jitter SD.")] = 0.0,
+    tokens_per_event: Annotated[int, typer.Option("--tokens-per-event")] = 1,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    stats: Annotated[str | None, typer.Option("--stats", help="Write final stats JSON.")
+                     ] = None,
+) -> None:
+    """Run the loopback SSE emulator (test equipment) until Ctrl-C.
+
+    One event per stream per engine step, an emission stamp in every event.
+    """
+    from agentload.replay.emulator import main
+
+    argv = ["--host", host, "--port", str(port), "--ttft-ms", str(ttft_ms), "--itl-ms",
+            str(itl_ms), "--jitter-ms", str(jitter_ms), "--tokens-per-event",
+            str(tokens_per_event), "--seed", str(seed)]
+    main(argv + (["--stats", stats] if stats else []))
+
+
+def client_command(
+    streams: Annotated[int, typer.Option("--streams", help="Concurrent streams.")] = 1000,
+    requests: Annotated[int | None, typer.Option(
+        "--requests", help="Requests in all (default 4 per stream).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 200,
+    workers: Annotated[int, typer.Option("--workers", help="agentload worker processes.")
+                       ] = 2,
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms")] = 50.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms")] = 20.0,
+    tokens_per_event: Annotated[int, typer.Option("--tokens-per-event")] = 1,
+    vllm_bench: Annotated[bool, typer.Option("--vllm-bench/--no-vllm-bench",
+                                             help="Also run vllm bench serve.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Is the client the bottleneck? agentload vs vllm bench serve on the emulator.
+
+    Delivered vs offered token events/s, CPU per event, stamp error vs emission, events
+    per read, loop lag, GC, and ratios (AIPerf too where it is installed).
+    """
+    from agentload.replay.client_bench import ClientBenchConfig, client_benchmark, report_lines
+
+    cfg = ClientBenchConfig(streams=streams, requests=requests, max_tokens=max_tokens,
+                            workers=workers, ttft_ms=ttft_ms, itl_ms=itl_ms,
+                            tokens_per_event=tokens_per_event, vllm_bench=vllm_bench)
+    result = client_benchmark(cfg, say=None if as_json else
+                              (lambda line: typer.echo(line, err=True)))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(report_lines(result)))
+
+
+def agree_command(
+    target: Annotated[str | None, typer.Option(
+        "--target", help="vLLM server URL (default: start the embedded one).")] = None,
+    requests: Annotated[int, typer.Option("--requests")] = 32,
+    concurrency: Annotated[int, typer.Option("--concurrency")] = 4,
+    input_len: Annotated[int, typer.Option("--input-len")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len")] = 64,
+    runs: Annotated[int, typer.Option("--runs", help="Runs per tool (medians).")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """TTFT and ITL P50/P90 of agentload vs vllm bench serve on one vLLM server.
+
+    The same requests, alternating, median of --runs runs each, with ratios (AIPerf too
+    where it is installed).
+    """
+    from agentload.replay.agree import agree_lines, agreement
+
+    result = agreement(target, requests=requests, concurrency=concurrency,
+                       input_len=input_len, output_len=output_len, runs=runs,
+                       say=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(agree_lines(result)))

@@ -1,0 +1,100 @@
+"""The loopback emulator: an exact, vLLM-like schedule, emission stamps and honest books."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from agentload.replay.client import stream_completion
+from agentload.replay.client_bench import ClientBenchConfig, emulator, emulator_stats
+from agentload.replay.emulator import EMULATOR_MODEL, EMULATOR_NAME
+from agentload.replay.netstamp import StampedTransport
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> object:
+    cfg = ClientBenchConfig(ttft_ms=30.0, itl_ms=10.0)
+    with emulator(cfg, tmp_path_factory.mktemp("emu") / "emu.log") as url:
+        yield url
+
+
+async def _streams(url: str, n: int, tokens: int) -> list[object]:
+    async with httpx.AsyncClient(transport=StampedTransport(), timeout=30) as client:
+        body = {"model": EMULATOR_MODEL, "prompt": [16, 17, 18], "max_tokens": tokens,
+                "stream": True, "stream_options": {"include_usage": True}}
+        return await asyncio.gather(*(stream_completion(client, url + "/v1/completions", body,
+                                                        collect_emit_ns=True)
+                                      for _ in range(n)))
+
+
+def test_schedule_is_one_event_per_stream_per_step(emu: str) -> None:
+    emulator_stats(emu, reset=True)
+    results = asyncio.run(_streams(emu, 20, 30))
+    assert all(r.ok and r.chunks == 30 and r.completion_tokens == 30  # type: ignore[attr-defined]
+               and r.prompt_tokens == 3 for r in results)  # type: ignore[attr-defined]
+    emits = [np.asarray(r.chunk_emit_ns) for r in results]  # type: ignore[attr-defined]
+    gaps = np.concatenate([np.diff(e) for e in emits]) / 1e6
+    # Steps every 10 ms: the median gap is the step, and no gap strays far from it.
+    assert abs(float(np.median(gaps)) - 10.0) < 0.5
+    assert float(np.percentile(gaps, 90)) < 14.0
+    # All streams started together, so their k-th events share one engine step.
+    kth = np.stack([e[:30] for e in emits])
+    spread_ms = (kth.max(axis=0) - kth.min(axis=0)) / 1e6
+    assert float(np.median(spread_ms)) < 5.0
+    stats = emulator_stats(emu)
+    assert stats["events"] == 600 and stats["tokens"] == 600 and stats["requests"] == 20
+    assert stats["name"] == EMULATOR_NAME and "test equipment" in stats["name"]
+    assert stats["step_lag_p50_ms"] is not None and stats["step_lag_p50_ms"] < 2.0
+    assert not stats["saturated"]
+
+
+def test_first_token_waits_for_ttft_on_a_step(emu: str) -> None:
+    async def one() -> tuple[int, int]:
+        body = {"prompt": [1], "max_tokens": 2, "stream": True}
+        async with (httpx.AsyncClient(transport=StampedTransport(), timeout=30) as client,
+                    client.stream("POST", emu + "/v1/completions", json=body) as resp):
+            async for raw in resp.aiter_raw():
+                obj = orjson.loads(raw.split(b"\n\n")[0][6:])
+                return obj["t_arrive_ns"], obj["t_emit_ns"]
+        raise AssertionError("no event")
+
+    arrive, emit = asyncio.run(one())
+    ttft_ms = (emit - arrive) / 1e6
+    assert 30.0 <= ttft_ms < 30.0 + 10.0 + 5.0  # TTFT, then the next step boundary
+
+
+def test_tokens_per_event_chat_and_plain(tmp_path: Path) -> None:
+    cfg = ClientBenchConfig(ttft_ms=5.0, itl_ms=5.0, tokens_per_event=4)
+    with emulator(cfg, tmp_path / "emu.log") as url:
+        async def run() -> None:
+            async with httpx.AsyncClient(transport=StampedTransport(), timeout=30) as c:
+                res = await stream_completion(c, url + "/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": "a b c d"}], "max_tokens": 10,
+                    "stream": True, "stream_options": {"include_usage": True}})
+                assert res.ok and res.chunks == 3 and res.completion_tokens == 10
+                assert res.prompt_tokens == 4
+                plain = (await c.post(url + "/v1/completions",
+                                      json={"prompt": "x y", "max_tokens": 3})).json()
+                assert plain["usage"]["completion_tokens"] == 3
+                models = (await c.get(url + "/v1/models")).json()
+                assert models["data"][0]["id"] == EMULATOR_MODEL
+                assert (await c.get(url + "/health")).status_code == 200
+                tok = (await c.post(url + "/tokenize", json={"prompt": "a b c"})).json()
+                assert tok["count"] == 3
+                assert (await c.get(url + "/nope")).status_code == 404
+        asyncio.run(run())
+
+
+def test_emulator_counts_its_cpu(emu: str) -> None:
+    emulator_stats(emu, reset=True)
+    t = time.monotonic()
+    asyncio.run(_streams(emu, 10, 150))  # ~1.5 s of steps: at least one CPU sample
+    assert time.monotonic() - t > 1.0
+    stats = emulator_stats(emu)
+    assert stats["cpu_samples"] >= 1 and 0.0 <= stats["cpu_max"] < 0.85
