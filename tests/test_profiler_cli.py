@@ -1,0 +1,167 @@
+"""``agentload profile ...`` as a user runs it: output shapes, reports, diffs, bad inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentload.cli import app
+from agentload.profiler import nvtx
+from agentload.profiler.synthetic import SyntheticExport
+from tests.conftest import run_cli
+
+DATA = Path(__file__).parent / "data" / "profiler"
+TRACE = DATA / "decoder4_kineto.json.gz"
+US = 1_000
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_layers_json_shape_is_fixed() -> None:
+    code, out = invoke("profile", "layers", str(TRACE), "--json", "--level", "layer")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert list(doc) == ["layers"]
+    keys = {"name", "pid", "instances", "kernels", "kernel_ns", "busy_ns", "span_ns"}
+    assert all(set(row) == keys for row in doc["layers"])
+    layer1 = next(r for r in doc["layers"] if r["name"] == "model.layers.1")
+    assert layer1["instances"] == 3 and layer1["kernels"] == 33
+
+
+def test_layers_text_parquet_and_html(tmp_path: Path) -> None:
+    code, out = invoke("profile", "layers", str(TRACE))
+    assert code == 0 and "model.layers.2.self_attn" in out and "per layer type" in out
+    pq = tmp_path / "layers.parquet"
+    page = tmp_path / "r.html"
+    code, out = invoke("profile", "layers", str(TRACE), "--parquet", str(pq), "--html", str(page))
+    assert code == 0 and pq.exists() and (tmp_path / "layers.instances.parquet").exists()
+    html = page.read_text()
+    assert html.count("<script") >= 1 and "plotly" in html
+    # vLLM dict text from the trace is escaped, never raw markup
+    assert "{'Module'" not in html or "&#x27;" in html
+
+
+def test_report_escapes_trace_strings(tmp_path: Path) -> None:
+    x = SyntheticExport()
+    x.process(1, "p")
+    t = x.thread(1, 2)
+    evil = "<script>alert(1)</script>"
+    x.push(t, 0, 100 * US, evil)
+    x.launch_kernel(t, 10 * US, 20 * US, "void <img src=x onerror=alert(2)>()", api_ns=US)
+    db = x.write(tmp_path / "evil.sqlite")
+    out = tmp_path / "evil.html"
+    code, text = invoke("profile", "report", str(db), "-o", str(out))
+    assert code == 0, text
+    page = out.read_text()
+    assert evil not in page and "&lt;script&gt;alert(1)" in page
+    assert "<img src=x" not in page
+
+
+def test_steps_command() -> None:
+    code, out = invoke("profile", "steps", str(TRACE), "--json")
+    assert code == 0
+    steps = json.loads(out)["steps"]
+    assert [s["step"] for s in steps].count("decode_step") == 3
+    assert sum("graph replay" in s["step"] for s in steps) == 2
+    assert {s["layers"] for s in steps if s["step"] == "decode_step"} == {4}
+
+
+def _arm(path: Path, per_layer: list[str], gpu_ns: int) -> Path:
+    x = SyntheticExport()
+    x.process(5, "p")
+    t = x.thread(5, 6)
+    clock = 0
+    for step in range(2):
+        for layer in range(2):
+            base = (step * 10_000 + layer * 1_000) * US
+            x.push(t, base, base + 900 * US, f"model.layers.{layer}")
+            for name in per_layer:
+                clock += 10 * US
+                x.launch_kernel(t, base + clock % (800 * US), base + clock % (800 * US), name,
+                                api_ns=US, gpu_ns=gpu_ns)
+            clock = 0
+    return x.write(path)
+
+
+def test_diff_seed_style(tmp_path: Path) -> None:
+    a = _arm(tmp_path / "a.sqlite", ["norm", "qkv", "attn", "o", "mlp"], 10 * US)
+    b = _arm(tmp_path / "b.sqlite", ["norm", "qkv", "rope", "attn", "o", "ar", "mlp"], 20 * US)
+    code, out = invoke("profile", "diff", str(a), str(b))
+    assert code == 0, out
+    assert "layers.*: 5 k / 50 µs vs 7 k / 140 µs" in out
+    assert "  + rope" in out and "  + ar" in out and "  = attn" in out
+
+
+def test_capture_needs_a_command() -> None:
+    code, out = invoke("profile", "capture", "--tool", "torch")
+    assert code != 0
+
+
+def _bad_files(tmp: Path) -> dict[str, Path]:
+    corrupt = tmp / "corrupt.sqlite"
+    corrupt.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)
+    foreign = tmp / "foreign.sqlite"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    con.commit()
+    con.close()
+    good = json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1.0, "dur": 2.0,
+                                        "pid": 0, "tid": 7, "name": "k"}] * 50})
+    truncated = tmp / "truncated.json"
+    truncated.write_text(good[: len(good) // 2])
+    truncated_gz = tmp / "truncated.json.gz"
+    truncated_gz.write_bytes(gzip.compress(good.encode())[:60])
+    other = tmp / "notes.txt"
+    other.write_text("hello")
+    return {"corrupt": corrupt, "foreign": foreign, "truncated": truncated,
+            "truncated_gz": truncated_gz, "other": other, "missing": tmp / "nope.sqlite"}
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "foreign", "truncated", "truncated_gz", "other",
+                                  "missing"])
+def test_bad_inputs_are_one_line_exit_2(tmp_path: Path, kind: str) -> None:
+    path = _bad_files(tmp_path)[kind]
+    from agentload.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "layers", str(path)])
+    assert exc.value.code == 2
+
+
+def test_bad_input_subprocess_message(tmp_path: Path) -> None:
+    bad = _bad_files(tmp_path)
+    for kind in ("foreign", "truncated"):
+        done = run_cli("profile", "layers", str(bad[kind]), timeout=120)
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("agentload: error: "), done.stderr
+        assert "Traceback" not in done.stderr
+    assert "not an Nsight Systems export" in run_cli(
+        "profile", "layers", str(bad["foreign"]), timeout=120).stderr
+
+
+async def test_nvtx_handles_cross_await() -> None:
+    # Works (as no-ops or real ranges) whether or not the nvtx package is installed.
+    handles = [nvtx.start(f"request {i}") for i in range(3)]
+
+    async def request(h: nvtx.RangeHandle) -> str:
+        await asyncio.sleep(0)
+        nvtx.end(h)
+        return h.message
+
+    done = await asyncio.gather(*(request(h) for h in reversed(handles)))
+    assert done == ["request 2", "request 1", "request 0"]
+    async with nvtx.arange("phase") as h:
+        await asyncio.sleep(0)
+    assert h.domain == "agentload"
+    with nvtx.srange("sync"):
+        nvtx.mark("here")
