@@ -160,13 +160,11 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             if not theirs[-1].get("ran"):
                 raise ReplayError(f"vllm bench serve did not run: {theirs[-1].get('reason')}")
     a, v = median_of(ours), median_of(theirs)
-    ratios = {m: {k: (a[m][k] / v[m][k] if a[m][k] and v[m][k] else None) for k in a[m]}
-              for m in METRICS}
+    ratios: dict[str, dict[str, float | None]] = {
+        m: {k: _ratio(a[m][k], v[m][k]) for k in a[m]} for m in METRICS}
     worst = max((abs(r - 1) for m in ("ttft", "tpot") for r in ratios[m].values()
                  if r is not None), default=None)
-    medians_within = all(
-        ratios[m]["p50_ms"] is not None and abs(ratios[m]["p50_ms"] - 1) <= 0.03
-        for m in ("ttft", "tpot"))
+    medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "model": model},
@@ -174,6 +172,14 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             "agentload_runs": ours, "vllm_bench_runs": theirs,
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
             "medians_within_3pct": medians_within, "worst_deviation": worst}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _within(ratio: float | None, tolerance: float) -> bool:
+    return ratio is not None and abs(ratio - 1) <= tolerance
 
 
 def agree_lines(r: dict[str, Any]) -> list[str]:

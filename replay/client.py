@@ -234,7 +234,7 @@ def _handle_data(data: bytes, now: int, result: StreamResult) -> None:
         msg = err.get("message") if isinstance(err, dict) else err
         result.fail("server_error", f"server error mid-stream: {_short(str(msg))}")
         return
-    choices = obj.get("choices") or ()
+    choices: list[dict[str, Any]] = obj.get("choices") or []
     tokens = _chunk_tokens(choices[0]) if len(choices) == 1 else sum(
         _chunk_tokens(c) for c in choices)
     if result.output_ids is not None:
