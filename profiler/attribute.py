@@ -37,7 +37,7 @@ import numpy.typing as npt
 import polars as pl
 
 from agentload.profiler.errors import ProfileError
-from agentload.profiler.model import Profile
+from agentload.profiler.model import Profile, as_int
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
@@ -240,7 +240,7 @@ def attribute(profile: Profile) -> Attribution:
     depth = np.zeros(ranges.height, np.int64)
     not_nested = 0
     if usable.height and ops.height:
-        base = int(min(usable["start"].min(), ops["launch_start"].min() or 0))  # type: ignore[type-var]
+        base = min(as_int(usable["start"].min()), as_int(ops["launch_start"].min()))
         threads = np.unique(usable["tid"].to_numpy())
         p_tid = ops["tid"].fill_null(0).to_numpy()
         code = np.searchsorted(threads, p_tid).astype(np.int64)

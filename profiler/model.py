@@ -59,6 +59,11 @@ def conform(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame
     return frame.select(cols)
 
 
+def as_int(value: object, default: int = 0) -> int:
+    """A polars scalar (``Series.max()`` and friends) as an int; ``default`` when null."""
+    return int(value) if isinstance(value, int | float) else default
+
+
 def pid_of(proc: pl.Expr) -> pl.Expr:
     """The OS pid in a ``globalPid``/``globalTid`` (bits 24-47)."""
     return ((proc.cast(pl.UInt64) // (1 << 24)) % (1 << 24)).cast(pl.Int64)

@@ -35,6 +35,7 @@ from agentload.profiler.model import (
     STRINGS_SCHEMA,
     THREADS_SCHEMA,
     Profile,
+    as_int,
     conform,
     empty,
     pid_of,
@@ -251,7 +252,7 @@ def _ingest(src: _Source, kind: str) -> Profile:
     if graph is not None and graph.height:
         # Whole-graph executions (--cuda-graph-trace=graph): their kernels were not
         # recorded, so each becomes one opaque op named after its graph.
-        base = int(strings["id"].max() or 0) + 1 if strings.height else 1
+        base = as_int(strings["id"].max()) + 1
         ids = graph.select(pl.col("graphId").unique().sort()).with_row_index("k")
         strings = pl.concat([strings, conform(ids.select(
             id=pl.col("k").cast(pl.Int64) + base,
@@ -351,8 +352,8 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
         frame = frame.filter(~pl.col("_cross"))
     open_ = int(frame["end"].is_null().sum())
     if open_:
-        last = max(int(x) for x in (ops["end"].max(), launches["end"].max(),
-                                    frame["start"].max(), frame["end"].max()) if x is not None)
+        last = max(as_int(x) for x in (ops["end"].max(), launches["end"].max(),
+                                       frame["start"].max(), frame["end"].max()))
         notes.append(f"{open_:,} ranges were still open at the end of capture; they are "
                      "closed at the last timestamp")
         frame = frame.with_columns(pl.col("end").fill_null(last))

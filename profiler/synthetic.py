@@ -11,7 +11,7 @@ correlation ids restart in every process, as CUPTI's do.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ INSERT_COLUMNS = {
 }
 
 
-def write_tables(path: Path, rows: dict[str, Iterable[tuple[Any, ...]]],
+def write_tables(path: Path, rows: Mapping[str, Iterable[tuple[Any, ...]]],
                  strings: dict[str, int], schema_version: str = "3.30.1") -> None:
     """Create the schema in a new SQLite file and insert ``rows`` per table.
 

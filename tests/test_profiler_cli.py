@@ -102,7 +102,7 @@ def test_diff_seed_style(tmp_path: Path) -> None:
 
 
 def test_capture_needs_a_command() -> None:
-    code, out = invoke("profile", "capture", "--tool", "torch")
+    code, _ = invoke("profile", "capture", "--tool", "torch")
     assert code != 0
 
 
