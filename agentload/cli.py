@@ -15,6 +15,7 @@ import click
 import typer
 
 from agentload import AgentloadError, __version__
+from agentload.kernels.cli import ceilings_command, kernels_command
 from agentload.profiler.bench import profiler_speed
 from agentload.profiler.cli import app as profile_app
 from agentload.replay.bench import replay_fidelity
@@ -55,6 +56,8 @@ bench_app.command("emulator", help="Run the loopback SSE emulator: test equipmen
 bench_app.command("client")(client_command)
 bench_app.command("agree")(agree_command)
 bench_app.command("dashboard")(dashboard_bench)
+bench_app.command("ceilings")(ceilings_command)
+bench_app.command("kernels")(kernels_command)
 
 
 def _version(value: bool) -> None:
