@@ -75,34 +75,46 @@ class AddRMSNorm:
         row, _, _ = cute.arch.block_idx()
         T: cutlass.Constexpr = self.T
         atom = _vec_atom()
-        vals = []
-        ss = Float32(0.0)
+        # Every load is issued before any store: the compiler cannot move loads past
+        # stores to possibly-aliasing outputs, and one round trip beats NV of them.
+        rrs = []
+        xrs = []
+        wrs = []
         for i in cutlass.range_constexpr(self.NV):
             col = i * T + tidx
             rr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
             cute.copy(atom, _row_vec(mR, row, col), rr)
-            acc = rr.load().to(Float32)
+            rrs.append(rr)
             for s in cutlass.range_constexpr(self.S):
                 xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                 cute.copy(atom, cute.local_tile(mX, (1, 1, V), (row, s, col))[0, 0, None], xr)
-                acc = acc + xr.load().to(Float32)
+                xrs.append(xr)
+            wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(atom, _row_vec(mW, 0, col), wr)
+            wrs.append(wr)
+        vals = []
+        hbs = []
+        ss = Float32(0.0)
+        for i in cutlass.range_constexpr(self.NV):
+            acc = rrs[i].load().to(Float32)
+            for s in cutlass.range_constexpr(self.S):
+                acc = acc + xrs[i * self.S + s].load().to(Float32)
             hb = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
             hb.store(acc.to(BFloat16))
-            cute.copy(atom, hb, _row_vec(mRO, row, col))
             hf = hb.load().to(Float32)
             ss = ss + (hf * hf).reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
                                        reduction_profile=0)
             vals.append(hf)
+            hbs.append(hb)
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Float32, cute.make_layout((self.W,)), byte_alignment=16)
         tot = _block_sum(ss, self.W, scratch)
         rstd = cute.math.rsqrt(tot / Float32(self.H) + eps)
         for i in cutlass.range_constexpr(self.NV):
             col = i * T + tidx
-            wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-            cute.copy(atom, _row_vec(mW, 0, col), wr)
+            cute.copy(atom, hbs[i], _row_vec(mRO, row, col))
             ob = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-            ob.store((vals[i] * rstd * wr.load().to(Float32)).to(BFloat16))
+            ob.store((vals[i] * rstd * wrs[i].load().to(Float32)).to(BFloat16))
             cute.copy(atom, ob, _row_vec(mO, row, col))
 
 
@@ -191,11 +203,20 @@ class Gemv:
                 xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                 cute.copy(ld_x, _row_vec(mX, m, col), xr)
                 xv.append(xr)
+            # float32 operands, one FMA chain per (row, output): no mixed bf16 FMA (SM100-only)
+            xf = []
+            for m in cutlass.range_constexpr(M):
+                xt = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+                xt.store(xv[m].load().to(Float32))
+                xf.append(xt)
             for j in cutlass.range_constexpr(OPB):
-                wf = wv[j].load().to(Float32)
+                wf = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+                wf.store(wv[j].load().to(Float32))
                 for m in cutlass.range_constexpr(M):
-                    acc[m, j] = acc[m, j] + (wf * xv[m].load().to(Float32)).reduce(
-                        cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+                    a = acc[m, j]
+                    for v in cutlass.range_constexpr(V):
+                        a = a + wf[v] * xf[m][v]
+                    acc[m, j] = a
         for m in cutlass.range_constexpr(M):
             for j in cutlass.range_constexpr(OPB):
                 acc[m, j] = cute.arch.warp_reduction_sum(acc[m, j])
@@ -312,10 +333,15 @@ class GroupedGemv:
                     nrow = half + n0 + (j - OPB)
                 cute.copy(ld_w, _row_vec(wE, nrow, col), wr)
                 wv.append(wr)
-            xf = xr.load().to(Float32)
+            xf = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+            xf.store(xr.load().to(Float32))
             for j in cutlass.range_constexpr(NR):
-                acc[j] = acc[j] + (wv[j].load().to(Float32) * xf).reduce(
-                    cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+                wf = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+                wf.store(wv[j].load().to(Float32))
+                a = acc[j]
+                for v in cutlass.range_constexpr(V):
+                    a = a + wf[v] * xf[v]
+                acc[j] = a
         for j in cutlass.range_constexpr(NR):
             acc[j] = cute.arch.warp_reduction_sum(acc[j])
         smem = cutlass.utils.SmemAllocator()

@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def graph_us(calls: Sequence[Fn], *, reps: int = 15, min_calls: int = 20) -> flo
     torch.cuda.synchronize()
     seq = list(calls) * max(1, -(-min_calls // len(calls)))
     g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
+    s = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for c in seq[:2]:
@@ -66,13 +67,14 @@ def graph_us(calls: Sequence[Fn], *, reps: int = 15, min_calls: int = 20) -> flo
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         a.record()
         g.replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times) * 1e3 / len(seq)
+    return float(statistics.median(times)) * 1e3 / len(seq)
 
 
 def eager_us(fn: Fn, *, reps: int = 20, warmup: int = 3) -> float:
@@ -81,13 +83,14 @@ def eager_us(fn: Fn, *, reps: int = 20, warmup: int = 3) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times) * 1e3
+    return float(statistics.median(times)) * 1e3
 
 
 def kernel_count(fn: Fn) -> int:
@@ -177,16 +180,18 @@ def bench_norm(rep: Report, hidden: int, batch: int) -> None:
               reference.BF16_TOL)
     rep.check(f"add_rmsnorm h{hidden} b{batch} h", reference.rel_err(ros[0], ref_h),
               reference.BF16_TOL)
-    ours = graph_us([lambda i=i: ops.add_rmsnorm(xs[i], rs[i], w, out=outs[i],
-                                                 residual_out=ros[i]) for i in range(sets)])
+    def ours_norm(i: int) -> Any:
+        return ops.add_rmsnorm(xs[i], rs[i], w, out=outs[i], residual_out=ros[i])
+
+    ours = graph_us([partial(ours_norm, i) for i in range(sets)])
 
     def torch_norm(i: int) -> Any:
         h = xs[i] + rs[i]
         hf = h.float()
         return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(_BF16)
 
-    tt = graph_us([lambda i=i: torch_norm(i) for i in range(sets)])
-    kt = kernel_count(lambda: torch_norm(0))
+    tt = graph_us([partial(torch_norm, i) for i in range(sets)])
+    kt = kernel_count(partial(torch_norm, 0))
     rep.op(f"add+rmsnorm h{hidden}", batch, nbytes, ours, tt, 1, kt)
 
 
@@ -198,13 +203,16 @@ def bench_silu(rep: Report, inter: int, batch: int) -> None:
     ops.silu_mul(xs[0], out=outs[0])
     rep.check(f"silu_mul i{inter} b{batch}", reference.rel_err(outs[0], reference.silu_mul(xs[0])),
               reference.BF16_TOL)
-    ours = graph_us([lambda i=i: ops.silu_mul(xs[i], out=outs[i]) for i in range(sets)])
+    def ours_silu(i: int) -> Any:
+        return ops.silu_mul(xs[i], out=outs[i])
+
+    ours = graph_us([partial(ours_silu, i) for i in range(sets)])
 
     def torch_silu(i: int) -> Any:
         return torch.nn.functional.silu(xs[i][:, :inter]) * xs[i][:, inter:]
 
-    tt = graph_us([lambda i=i: torch_silu(i) for i in range(sets)])
-    rep.op(f"silu_mul i{inter}", batch, nbytes, ours, tt, 1, kernel_count(lambda: torch_silu(0)))
+    tt = graph_us([partial(torch_silu, i) for i in range(sets)])
+    rep.op(f"silu_mul i{inter}", batch, nbytes, ours, tt, 1, kernel_count(partial(torch_silu, 0)))
 
 
 def bench_gemv(rep: Report, name: str, k: int, n: int, rows: int) -> None:
@@ -225,14 +233,18 @@ def bench_gemv(rep: Report, name: str, k: int, n: int, rows: int) -> None:
             continue
         rep.check(f"gemv {k}x{n} m{rows} t{t} opb{opb}", reference.rel_err(ys[0], ref),
                   reference.BF16_TOL)
-        us = graph_us([lambda i=i, o=opb, tt=t: ops.gemv(xs[i], ws[i], out=ys[i], opb=o,
-                                                          threads=tt) for i in range(sets)])
+        def ours_gemv(i: int, o: int, tt: int) -> Any:
+            return ops.gemv(xs[i], ws[i], out=ys[i], opb=o, threads=tt)
+
+        us = graph_us([partial(ours_gemv, i, opb, t) for i in range(sets)])
         if best is None or us < best[0]:
             best = (us, f"t{t} opb{opb}")
-    cublas = graph_us([lambda i=i: torch.matmul(xs[i], ws[i].T, out=ys[i])
-                       for i in range(sets)])
+    def cublas_gemv(i: int) -> Any:
+        return torch.matmul(xs[i], ws[i].T, out=ys[i])
+
+    cublas = graph_us([partial(cublas_gemv, i) for i in range(sets)])
     rep.op(name, rows, nbytes, None if best is None else best[0], cublas,
-           None if best is None else 1, kernel_count(lambda: torch.matmul(xs[0], ws[0].T)),
+           None if best is None else 1, kernel_count(partial(cublas_gemv, 0)),
            note="" if best is None else f"best {best[1]}; torch = cuBLAS")
 
 
@@ -245,11 +257,10 @@ def bench_router(rep: Report, cfg: LayerConfig, batch: int) -> None:
     lg, ii, ww = (_poisoned((batch, e), torch.float32),
                   torch.full((batch, s), -1, dtype=torch.int32, device="cuda"),
                   _poisoned((batch, s), torch.float32))
-    kw = {"topk": cfg.topk, "groups": cfg.groups, "topk_group": cfg.topk_group,
-          "scale": cfg.routed_scale, "shared": True}
-
     def ours() -> Any:
-        return ops.moe_router(x, wr, bias, logits=lg, ids=ii, weights=ww, **kw)
+        return ops.moe_router(x, wr, bias, logits=lg, ids=ii, weights=ww, topk=cfg.topk,
+                              groups=cfg.groups, topk_group=cfg.topk_group,
+                              scale=cfg.routed_scale, shared=True)
 
     ours()
     ref_lg, _, _ = reference.router(x, wr, bias, cfg.topk, cfg.groups, cfg.topk_group,
@@ -295,18 +306,19 @@ def bench_oproj(rep: Report, cfg: LayerConfig, batch: int) -> None:
     ops.oproj_residual_rmsnorm(v, wos[0], res, nw, h_out=hs[0], normed_out=ns[0])
     rep.check(f"oproj+res+rmsnorm b{batch} second call", reference.rel_err(ns[0], ref_n),
               reference.BF16_TOL)
-    ours = graph_us([lambda i=i: ops.oproj_residual_rmsnorm(v, wos[i], res, nw, h_out=hs[i],
-                                                           normed_out=ns[i])
-                     for i in range(sets)])
+    def ours_chain(i: int) -> Any:
+        return ops.oproj_residual_rmsnorm(v, wos[i], res, nw, h_out=hs[i], normed_out=ns[i])
+
+    ours = graph_us([partial(ours_chain, i) for i in range(sets)])
 
     def torch_chain(i: int) -> Any:
         hh = res + v @ wos[i].T
         return hh, MoELayer_rms(hh, nw)
 
-    tt = graph_us([lambda i=i: torch_chain(i) for i in range(sets)])
+    tt = graph_us([partial(torch_chain, i) for i in range(sets)])
     nbytes = h * h * 2 + batch * h * 2 * 4
     rep.op("oproj+residual+rmsnorm", batch, nbytes, ours, tt, 1,
-           kernel_count(lambda: torch_chain(0)))
+           kernel_count(partial(torch_chain, 0)))
 
 
 def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -329,12 +341,16 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int],
     for b in batches:
         x0, r0 = layers[0].inputs(b, seed=100 + b)
         # correctness of both paths on layer 0, against the float32 reference
-        ref = layers[0].reference(x0, r0)
-        rep.check(f"layer b{b} fused", reference.rel_err(MoELayer.result(layers[0].fused(x0, r0)),
-                                                         ref), reference.BF16_TOL)
-        rep.check(f"layer b{b} standard",
-                  reference.rel_err(MoELayer.result(layers[0].standard(x0, r0)), ref),
-                  reference.BF16_TOL)
+        for path in ("fused", "standard"):
+            got = MoELayer.result(getattr(layers[0], path)(x0, r0))
+            ids = layers[0].last_ids
+            assert ids is not None
+            rep.check(f"layer b{b} {path}",
+                      reference.rel_err(got, layers[0].reference(x0, r0, ids)),
+                      reference.BF16_TOL)
+            differ, off = layers[0].routing_check(x0, r0, ids)
+            rep.check(f"layer b{b} {path} routing: {differ} of {b} tokens differ from the "
+                      f"float reference, {off} not at a near-tie", float(off), 0.0)
 
         def stack(path: str, x0: torch.Tensor = x0, r0: torch.Tensor = r0) -> Fn:
             def run() -> Any:
@@ -348,8 +364,8 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int],
         std_g = graph_us([stack("standard")], min_calls=1) / depth
         fus_e = eager_us(stack("fused")) / depth
         fus_g = graph_us([stack("fused")], min_calls=1) / depth
-        k_std = kernel_count(lambda x0=x0, r0=r0: layers[0].standard(x0, r0))
-        k_fus = kernel_count(lambda x0=x0, r0=r0: layers[0].fused(x0, r0))
+        k_std = kernel_count(partial(layers[0].standard, x0, r0))
+        k_fus = kernel_count(partial(layers[0].fused, x0, r0))
         nbytes = cfg.weight_bytes_touched(b)
         sol = nbytes / (gb * 1e9) * 1e6
         row = {"batch": b, "weight_bytes": nbytes, "sol_us": sol, "standard_eager_us": std_e,
@@ -476,28 +492,34 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
 
 
 def bench_compile(rep: Report, layers: Sequence[MoELayer]) -> None:
+    """torch.compile (default mode) of the standard step, one compile per batch size (the
+    weights are arguments, so every layer of the stack shares the compiled graph)."""
+    from agentload.kernels.layer import layer_range, standard_step
+
     print("\ntorch.compile (standard path, default mode), per layer µs:", flush=True)
     depth = len(layers)
+    step = torch.compile(standard_step, dynamic=False)
     for row in rep.layers:
         b = row["batch"]
         x0, r0 = layers[0].inputs(b, seed=100 + b)
         t0 = time.perf_counter()
         try:
-            comp = [torch.compile(lay.standard, dynamic=False) for lay in layers]
-
-            def run_c(comp: list[Any] = comp, x0: Any = x0, r0: Any = r0) -> Any:
+            def run_c(x0: Any = x0, r0: Any = r0) -> Any:
                 x, r = x0, r0
-                for f in comp:
-                    x, r = f(x, r)
+                for lay in layers:
+                    with layer_range(f"layer{lay.index}.compiled"):
+                        x, r, _ = step(lay.cfg, lay.weights(), x, r)
                 return x, r
 
             run_c()
-            row["compile_us"] = eager_us(run_c) / depth
             row["compile_s"] = time.perf_counter() - t0
-            print(f"  batch {b}: {row['compile_us']:.1f} µs (compiled in "
-                  f"{row['compile_s']:.0f} s)", flush=True)
+            row["compile_us"] = eager_us(run_c) / depth
+            row["kernels_compiled"] = kernel_count(
+                partial(step, layers[0].cfg, layers[0].weights(), x0, r0))
+            print(f"  batch {b}: {row['compile_us']:.1f} µs, {row['kernels_compiled']} kernels "
+                  f"(compiled in {row['compile_s']:.0f} s)", flush=True)
         except Exception as exc:  # report and go on: a compile failure is a result too
-            print(f"  batch {b}: torch.compile failed: {str(exc)[:200]}", flush=True)
+            print(f"  batch {b}: torch.compile failed: {str(exc)[:300]}", flush=True)
         rep.save()
 
 

@@ -68,13 +68,14 @@ def _median_ms(fn: Any, warmup: int, reps: int) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def measure(*, copy_mib: int = 1024, matmul_n: int = 8192, reps: int = 30) -> Ceilings:

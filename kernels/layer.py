@@ -39,13 +39,13 @@ def layer_range(name: str) -> Iterator[None]:
     """NVTX + profiler range around one layer step (both nest per thread)."""
     nvtx = torch.cuda.is_available()
     if nvtx:
-        torch.cuda.nvtx.range_push(name)
+        torch.cuda.nvtx.range_push(name)  # type: ignore[no-untyped-call]
     try:
         with torch.autograd.profiler.record_function(name):
             yield
     finally:
         if nvtx:
-            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_pop()  # type: ignore[no-untyped-call]
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,6 +59,7 @@ class MoELayer:
     def __init__(self, cfg: LayerConfig, device: torch.device | str, *, seed: int = 0,
                  index: int = 0, dtype: torch.dtype = _BF16) -> None:
         self.cfg, self.index = cfg, index
+        self.last_ids: torch.Tensor | None = None  #: routed ids of the last call (checks)
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
 
@@ -76,58 +77,18 @@ class MoELayer:
         self.w_down = rnd(e + 1, h, i, scale=i ** -0.5)
 
     # -- standard: eager torch, graph-capturable (no host syncs) -------------------------
+    def weights(self) -> tuple[torch.Tensor, ...]:
+        return (self.w_in, self.w_post, self.wqkv, self.wo, self.wr, self.bias, self.w_gu,
+                self.w_down)
+
     def standard(self, x_slots: torch.Tensor, residual: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
         with layer_range(f"layer{self.index}.standard"):
-            h0 = residual + x_slots.sum(1)
-            xn = _rms(h0, self.w_in, cfg.eps)
-            qkv = xn @ self.wqkv.T
-            v = qkv[:, 2 * cfg.hidden:]
-            h = h0 + v @ self.wo.T
-            hn = _rms(h, self.w_post, cfg.eps)
-            logits = (hn @ self.wr.T).float()
-            ids, wts = self._select_torch(logits)
-            return self._experts_torch(hn, ids, wts), h
+            y, h, self.last_ids = standard_step(self.cfg, self.weights(), x_slots, residual)
+            return y, h
 
     def _select_torch(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        m = logits.shape[0]
-        scores = torch.sigmoid(logits)
-        sel = scores + self.bias
-        grp = sel.view(m, cfg.groups, -1).topk(2, dim=-1).values.sum(-1)
-        keep = grp.topk(cfg.topk_group, dim=-1).indices
-        mask = torch.zeros_like(grp, dtype=torch.bool).scatter_(1, keep, True)
-        sel = sel.masked_fill(~mask.repeat_interleave(cfg.experts // cfg.groups, 1),
-                              float("-inf"))
-        ids = sel.topk(cfg.topk, dim=-1).indices
-        w = scores.gather(1, ids)
-        w = w / w.sum(-1, keepdim=True) * cfg.routed_scale
-        shared_id = torch.full((m, 1), cfg.experts, dtype=ids.dtype, device=ids.device)
-        return torch.cat([ids, shared_id], 1), torch.cat([w, torch.ones_like(w[:, :1])], 1)
-
-    def _experts_torch(self, hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
-                       ) -> torch.Tensor:
-        cfg = self.cfg
-        m, s = ids.shape
-        i = cfg.inter
-        if m * s <= cfg.experts + 1:
-            # Few rows: gather each row's expert weights (touches only chosen experts).
-            flat = ids.reshape(-1)
-            x = hn.repeat_interleave(s, 0).unsqueeze(1)  # [M*S, 1, H]
-            gu = torch.bmm(x, self.w_gu.index_select(0, flat).transpose(1, 2))
-            act = torch.nn.functional.silu(gu[..., :i]) * gu[..., i:]
-            y = torch.bmm(act, self.w_down.index_select(0, flat).transpose(1, 2))
-            return (y.squeeze(1) * wts.reshape(-1, 1).to(y.dtype)).view(m, s, -1)
-        # Many rows: every expert is busy; run each once over all tokens, masked.
-        coef = torch.zeros(m, cfg.experts + 1, dtype=torch.float32, device=hn.device)
-        coef.scatter_add_(1, ids, wts)
-        out = torch.zeros_like(hn, dtype=torch.float32)
-        for e in range(cfg.experts + 1):
-            gu = hn @ self.w_gu[e].T
-            act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
-            out += (act @ self.w_down[e].T).float() * coef[:, e:e + 1]
-        return out.to(hn.dtype).unsqueeze(1)
+        return select_torch(self.cfg, self.bias, logits)
 
     # -- fused: this room's kernels ------------------------------------------------------
     def fused(self, x_slots: torch.Tensor, residual: torch.Tensor
@@ -147,6 +108,7 @@ class MoELayer:
             _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
                                          groups=cfg.groups, topk_group=cfg.topk_group,
                                          scale=cfg.routed_scale, shared=True)
+            self.last_ids = ids
             if m <= GEMV_MAX_ROWS:
                 flat_ids, flat_w = ids.view(-1), wts.view(-1)
                 act = ops.grouped_gemv(hn, self.w_gu, flat_ids, flat_w, silu=True,
@@ -168,25 +130,61 @@ class MoELayer:
         return out.to(hn.dtype).unsqueeze(1)
 
     # -- reference and helpers -----------------------------------------------------------
-    def reference(self, x_slots: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The next residual stream in float32 (weights upcast), for the tolerance check."""
+    def reference(self, x_slots: torch.Tensor, residual: torch.Tensor,
+                  ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The next residual stream in float32 (weights upcast), for the tolerance check.
+
+        With ``ids`` (``[M, >= k]``, a path's routed experts) the reference uses those
+        experts, weighted by its own scores, so a near-tie the path resolved the other
+        way does not count as a numerical error (:meth:`routing_check` judges the ties).
+        """
         cfg = self.cfg
         f = torch.float32
         xn, h0 = reference.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, dtype=f)
         v = (xn @ self.wqkv.to(f).T)[:, 2 * cfg.hidden:]
         hn, h = reference.add_rmsnorm(v @ self.wo.to(f).T, h0, self.w_post, cfg.eps, dtype=f)
         logits = hn @ self.wr.to(f).T
-        ids, w = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
-                                         cfg.topk_group, cfg.routed_scale)
+        ref_ids, w = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
+                                             cfg.topk_group, cfg.routed_scale)
+        if ids is not None:
+            ref_ids = ids[:, :cfg.topk].long()
+            sc = torch.sigmoid(logits.double()).gather(1, ref_ids)
+            w = sc / sc.sum(-1, keepdim=True) * cfg.routed_scale
         out = h.clone()
         i = cfg.inter
         for t in range(hn.shape[0]):
-            pairs = [(int(e), float(wt)) for e, wt in zip(ids[t], w[t], strict=True)]
+            pairs = [(int(e), float(wt)) for e, wt in zip(ref_ids[t], w[t], strict=True)]
             for e, wt in [*pairs, (cfg.experts, 1.0)]:
                 gu = hn[t] @ self.w_gu[e].to(f).T
                 act = torch.nn.functional.silu(gu[:i]) * gu[i:]
                 out[t] += wt * (act @ self.w_down[e].to(f).T)
         return out
+
+    def routing_check(self, x_slots: torch.Tensor, residual: torch.Tensor,
+                      ids: torch.Tensor, tie: float = 2e-2) -> tuple[int, int]:
+        """``(tokens routed differently from the float reference, of those not at a tie)``.
+
+        A token is at a tie when the reference's k-th and (k+1)-th biased expert scores,
+        or its topk_group-th and next group scores, are closer than ``tie``.
+        """
+        cfg = self.cfg
+        f = torch.float32
+        xn, h0 = reference.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, dtype=f)
+        v = (xn @ self.wqkv.to(f).T)[:, 2 * cfg.hidden:]
+        hn, _ = reference.add_rmsnorm(v @ self.wo.to(f).T, h0, self.w_post, cfg.eps, dtype=f)
+        logits = (hn @ self.wr.to(f).T).double()
+        ref_ids, _ = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
+                                             cfg.topk_group, cfg.routed_scale)
+        sel = torch.sigmoid(logits) + self.bias.double()
+        m = sel.shape[0]
+        gs = sel.view(m, cfg.groups, -1).topk(2, dim=-1).values.sum(-1).sort(1, True).values
+        g_margin = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]
+                    if cfg.topk_group < cfg.groups else torch.full_like(gs[:, 0], 1e9))
+        es = sel.sort(1, True).values
+        e_margin = es[:, cfg.topk - 1] - es[:, cfg.topk]
+        differ = (ids[:, :cfg.topk].long().sort(1).values != ref_ids.sort(1).values).any(1)
+        not_tie = differ & (g_margin >= tie) & (e_margin >= tie)
+        return int(differ.sum()), int(not_tie.sum())
 
     @staticmethod
     def result(out: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -201,3 +199,60 @@ class MoELayer:
         x = torch.randn(batch, self.cfg.slots, self.cfg.hidden, generator=g) * 0.5
         r = torch.randn(batch, self.cfg.hidden, generator=g)
         return x.to(_BF16).to(dev), r.to(_BF16).to(dev)
+
+
+def select_torch(cfg: LayerConfig, bias: torch.Tensor, logits: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid + grouped top-k in torch; returns ``[M, k + 1]`` ids/weights (+ shared)."""
+    m = logits.shape[0]
+    scores = torch.sigmoid(logits)
+    sel = scores + bias
+    grp = sel.view(m, cfg.groups, -1).topk(2, dim=-1).values.sum(-1)
+    keep = grp.topk(cfg.topk_group, dim=-1).indices
+    mask = torch.zeros_like(grp, dtype=torch.bool).scatter_(1, keep, True)
+    sel = sel.masked_fill(~mask.repeat_interleave(cfg.experts // cfg.groups, 1),
+                          float("-inf"))
+    ids = sel.topk(cfg.topk, dim=-1).indices
+    w = scores.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True) * cfg.routed_scale
+    shared_id = torch.full((m, 1), cfg.experts, dtype=ids.dtype, device=ids.device)
+    return torch.cat([ids, shared_id], 1), torch.cat([w, torch.ones_like(w[:, :1])], 1)
+
+
+def standard_step(cfg: LayerConfig, weights: tuple[torch.Tensor, ...], x_slots: torch.Tensor,
+                  residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The standard path as a pure function of the weights (one torch.compile serves every
+    layer); returns ``(x_slots_next, h, ids)``."""
+    w_in, w_post, wqkv, wo, wr, bias, w_gu, w_down = weights
+    h0 = residual + x_slots.sum(1)
+    xn = _rms(h0, w_in, cfg.eps)
+    qkv = xn @ wqkv.T
+    v = qkv[:, 2 * cfg.hidden:]
+    h = h0 + v @ wo.T
+    hn = _rms(h, w_post, cfg.eps)
+    logits = (hn @ wr.T).float()
+    ids, wts = select_torch(cfg, bias, logits)
+    return experts_torch(cfg, w_gu, w_down, hn, ids, wts), h, ids
+
+
+def experts_torch(cfg: LayerConfig, w_gu: torch.Tensor, w_down: torch.Tensor,
+                  hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+    m, s = ids.shape
+    i = cfg.inter
+    if m * s <= cfg.experts + 1:
+        # Few rows: gather each row's expert weights (touches only chosen experts).
+        flat = ids.reshape(-1)
+        x = hn.repeat_interleave(s, 0).unsqueeze(1)  # [M*S, 1, H]
+        gu = torch.bmm(x, w_gu.index_select(0, flat).transpose(1, 2))
+        act = torch.nn.functional.silu(gu[..., :i]) * gu[..., i:]
+        y = torch.bmm(act, w_down.index_select(0, flat).transpose(1, 2))
+        return (y.squeeze(1) * wts.reshape(-1, 1).to(y.dtype)).view(m, s, -1)
+    # Many rows: every expert is busy; run each once over all tokens, masked.
+    coef = torch.zeros(m, cfg.experts + 1, dtype=torch.float32, device=hn.device)
+    coef.scatter_add_(1, ids, wts)
+    out = torch.zeros_like(hn, dtype=torch.float32)
+    for e in range(cfg.experts + 1):
+        gu = hn @ w_gu[e].T
+        act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+        out += (act @ w_down[e].T).float() * coef[:, e:e + 1]
+    return out.to(hn.dtype).unsqueeze(1)

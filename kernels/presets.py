@@ -81,11 +81,13 @@ SILU_INTER = (1024, 18432)
 def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
     """Tile variants to try for one GEMV shape (the benchmark keeps the fastest)."""
     out: list[KernelSpec] = []
-    for threads, opb in ((128, 4), (128, 8), (256, 4), (64, 8)):
+    for threads, opb in ((128, 4), (128, 8), (256, 4), (64, 8), (128, 2), (256, 2)):
         if k % (threads * 8) or n % opb or rows * opb > threads:
             continue
         if rows >= 8 and opb == 8:
             continue  # 64 float accumulators per thread: spills
+        if rows < 8 and opb == 2:
+            continue
         out.append(gemv_spec(k, n, rows, opb=opb, threads=threads))
     return out
 
@@ -100,6 +102,7 @@ def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
     for _name, k, n in GEMV_SHAPES:
         for rows in GEMV_ROWS:
             specs += gemv_variants(k, n, rows)
+            specs.append(gemv_spec(k, n, rows, residual=True))  # the tests' residual case
     for h in NORM_HIDDEN:
         specs.append(add_rmsnorm_spec(h, 1))
     for i in SILU_INTER:

@@ -73,9 +73,12 @@ def add_rmsnorm_spec(hidden: int, slots: int = 1) -> KernelSpec:
         raise KernelsError(f"slots must be 1..16, got {slots}")
     if hidden % VEC:
         raise KernelsError(f"hidden {hidden} must be a multiple of {VEC}")
-    threads = _threads_for(hidden, (128, 64, 32, 256))
-    if hidden // (threads * VEC) > 16:
-        threads = _threads_for(hidden, (256, 512, 1024))
+    # Aim for 2 vectors per thread (short dependency chains, one load round trip).
+    vecs = hidden // VEC
+    options = [t for t in range(32, 1025, 32) if vecs % t == 0]
+    if not options:
+        raise KernelsError(f"hidden {hidden} / 8 must be divisible by a multiple of 32")
+    threads = min(options, key=lambda t: (abs(vecs // t - 2), -t))
     return _spec("add_rmsnorm", h=hidden, s=slots, t=threads)
 
 
