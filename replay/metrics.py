@@ -260,6 +260,70 @@ def bootstrap_ci(frame: pl.DataFrame, resamples: int = 1000, seed: int = 0,
             for k, v in draws.items()}
 
 
+# Student's t at 97.5 % for batches - 1 degrees of freedom (10 batches).
+_T975 = {4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def _spread(start: np.ndarray, end: np.ndarray, amount: np.ndarray,
+            edges: np.ndarray) -> np.ndarray:
+    """``amount`` of each interval spread evenly over it, summed per slice of ``edges``."""
+    out = np.zeros(len(edges) - 1)
+    length = np.maximum(end - start, 1.0)
+    for i in range(len(edges) - 1):
+        overlap = np.clip(np.minimum(end, edges[i + 1]) - np.maximum(start, edges[i]), 0, None)
+        out[i] = float((amount * overlap / length).sum())
+    return out
+
+
+def throughput_ci(frame: pl.DataFrame, gpus: int, batches: int = 10,
+                  ) -> dict[str, list[float] | None]:
+    """95 % intervals of the throughputs by batch means over equal time slices.
+
+    A throughput is one figure of the whole run, not a mean of independent requests, so
+    it is not bootstrapped: the window is cut into ``batches`` equal slices, each
+    request's tokens are spread over the time it spent on them (prompt tokens over
+    send..first token, output tokens over first..last token), and the spread of the
+    slices' rates gives a t interval around the run's own value.
+    """
+    keys = ("output_throughput_tok_s", "decode_throughput_tok_s", "throughput_per_gpu_tok_s")
+    ok = frame.filter((pl.col("phase") == "measure") & pl.col("ok")
+                      & pl.col("first_token_ns").is_not_null())
+    if ok.height < 2 * batches or batches - 1 not in _T975:
+        return dict.fromkeys(keys)
+    sent = ok["sent_ns"].to_numpy().astype(float)
+    first = ok["first_token_ns"].to_numpy().astype(float)
+    last = ok["last_token_ns"].to_numpy().astype(float)
+    osl = ok["osl"].fill_null(0).to_numpy().astype(float)
+    isl = ok["isl"].fill_null(ok["isl_requested"]).to_numpy().astype(float)
+    edges = np.linspace(sent.min(), last.max(), batches + 1)
+    slice_s = (edges[1] - edges[0]) / 1e9
+    if slice_s <= 0:
+        return dict.fromkeys(keys)
+    out_tok = _spread(first, last, osl, edges)
+    in_tok = _spread(sent, first, isl, edges)
+    decode_tok = _spread(first, last, np.maximum(osl - 1, 0), edges)
+    decoding = np.array([decoding_time_s(np.clip(first, lo, hi), np.clip(last, lo, hi))
+                         for lo, hi in itertools.pairwise(edges)])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = {
+            "output_throughput_tok_s": out_tok / slice_s,
+            "decode_throughput_tok_s": np.where(decoding > 0, decode_tok / decoding, np.nan),
+            "throughput_per_gpu_tok_s": (out_tok + in_tok) / slice_s / max(gpus, 1),
+        }
+    centre = summarize(frame, gpus)
+    result: dict[str, list[float] | None] = {}
+    for key, series in rates.items():
+        series = series[np.isfinite(series)]
+        value = centre.get(key)
+        if len(series) < 3 or value is None:
+            result[key] = None
+            continue
+        half = _T975.get(len(series) - 1, 2.262) * float(np.std(series, ddof=1)) / np.sqrt(
+            len(series))
+        result[key] = [float(value - half), float(value + half)]
+    return result
+
+
 # AIPerf counts a request's OSL as a mismatch past min(5 % of the request, 50 tokens).
 MAX_ERROR_RATE = 0.10
 MIN_OSL_EXACT = 0.99

@@ -155,8 +155,9 @@ def run_facts(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
         f"{fmt(summary.get('window_s'), 's')}",
         f"prompts: {run.get('prompt_mode', 'token-ids')}; outputs: "
         f"{run.get('output_tokens', 'canned')}",
-        "percentiles are request-weighted with linear interpolation; intervals are 95 % "
-        "bootstrap intervals resampling whole sessions",
+        "percentiles are request-weighted with linear interpolation; 95 % intervals: "
+        "percentiles by bootstrap over whole sessions, throughputs by batch means over 10 "
+        "equal time slices",
     ]
     spec = spec_decode(run)
     if spec:
