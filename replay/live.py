@@ -326,13 +326,40 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
     return float(np.interp(q, (cum - w / 2) / cum[-1], v))
 
 
-def _quantile(values: np.ndarray, q: float, groups: np.ndarray | None) -> float | None:
-    """Request-weighted (``groups`` None): numpy's linear percentile, as metrics.py;
-    else every group (user, session) weighs the same."""
-    if groups is not None:
-        return weighted_quantile(values, _group_weights(groups, values), q)
-    v = values[~np.isnan(values)]
-    return float(np.percentile(v, q * 100)) if len(v) else None
+def _quantiles(values: np.ndarray, groups: dict[str, np.ndarray],
+               ) -> dict[str, Callable[[float], float | None]]:
+    """Quantile functions of ``values`` per weighting, from one sort.
+
+    "request": numpy's linear percentile (metrics.py's definition); each of ``groups``
+    (user, session): :func:`weighted_quantile` with every group weighing the same.
+    """
+    valid = ~np.isnan(values)
+    v = values[valid]
+    order = np.argsort(v, kind="stable")
+    v = v[order]
+    n = len(v)
+
+    def linear(q: float) -> float | None:
+        if n == 0:
+            return None
+        pos = q * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+    out: dict[str, Callable[[float], float | None]] = {"request": linear}
+    for name, g in groups.items():
+        gv = g[valid]
+        counts = np.bincount(gv, minlength=int(gv.max()) + 1 if len(gv) else 1)
+        w = (1.0 / np.maximum(counts, 1)[gv])[order]
+        cum = np.cumsum(w)
+        positions = (cum - w / 2) / cum[-1] if n else cum
+
+        def weighted(q: float, positions: np.ndarray = positions) -> float | None:
+            return float(np.interp(q, positions, v)) if n else None
+
+        out[name] = weighted
+    return out
 
 
 def _inverse(x: float | None) -> float | None:
@@ -366,9 +393,9 @@ class _Intervals:
 class _Lane:
     """Mutable per-lane state, owned by the board (engine thread only)."""
 
-    __slots__ = ("bin_code", "counts", "dirty", "errors", "itl", "last_itl_s", "main_sent",
+    __slots__ = ("bin_code", "counts", "errors", "itl", "last_itl_s", "main_sent",
                  "p90", "p90_stale", "play", "reqs", "requests", "session", "start_turn",
-                 "strip", "turns", "view", "warmup_left")
+                 "strip", "strip_cache", "turns", "view", "warmup_left")
 
     def __init__(self) -> None:
         self.session: str | None = None
@@ -387,8 +414,14 @@ class _Lane:
         self.errors = 0
         self.bin_code = 0
         self.strip: deque[int] = deque(maxlen=STRIP_CELLS)
-        self.dirty = True
+        self.strip_cache: bytes | None = None
         self.view: LaneView | None = None
+
+    def strip_bytes(self) -> bytes:
+        """The strip as bytes, rebuilt only after a bin closed (same object until then)."""
+        if self.strip_cache is None:
+            self.strip_cache = bytes(self.strip)
+        return self.strip_cache
 
     def state(self) -> LaneState:
         main, sub = self.counts[1], self.counts[0]
@@ -424,6 +457,11 @@ class LiveBoard:
         """Set from any thread by :meth:`request_stop`; the engine's loop acts on it."""
         self._seq = 0
         self._lanes: dict[int, _Lane] = {}
+        self._order: list[int] = []
+        self._dirty: set[int] = set()
+        self._views: tuple[LaneView, ...] | None = None
+        self._active = 0  # lanes with a request pending
+        self._in_flight = 0  # requests prefilling or decoding
         for i in range(header.users):
             self._lane(i)
         self._finished = False
@@ -461,6 +499,7 @@ class LiveBoard:
         self._server_prev: dict[str, float] | None = None
         self._server_hist: deque[tuple[int, float, float]] = deque(maxlen=WINDOW_BINS + 1)
         self._events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self._strips: tuple[bytes, ...] | None = None
         self._event_seq = 0
 
     # -- feeding -----------------------------------------------------------------
@@ -469,6 +508,11 @@ class LiveBoard:
         state = self._lanes.get(lane)
         if state is None:
             state = self._lanes[lane] = _Lane()
+            if self._order and lane < self._order[-1]:
+                self._order = sorted(self._lanes)
+            else:
+                self._order.append(lane)
+            self._dirty.add(lane)
         return state
 
     def request_stop(self, reason: str) -> None:
@@ -493,7 +537,7 @@ class LiveBoard:
         s.session, s.play, s.start_turn, s.turns = session_id, play, start_turn, main_turns
         s.main_sent = 0
         s.warmup_left = warmup_requests
-        s.dirty = True
+        self._dirty.add(lane)
         if warmup_requests:
             self._warming.add(lane)
             self._warmup_seen = True
@@ -506,14 +550,17 @@ class LiveBoard:
         """A request of ``lane`` enters ``state`` ("done" removes it)."""
         self._roll(t_ns)
         s = self._lane(lane)
+        was_active = bool(s.reqs)
         old = s.reqs.pop(request_id, None)
         if old is not None:
             s.counts[old[0]][old[1]] -= 1
+            self._in_flight -= old[1] >= 2
         is_main = agent_kind == "main"
         if state != "done":
             code = _REQ_CODES[state]
             s.reqs[request_id] = (is_main, code)
             s.counts[is_main][code] += 1
+            self._in_flight += code >= 2
             if state == "prefilling":
                 if is_main and phase == "measure":
                     s.main_sent += 1
@@ -522,15 +569,16 @@ class LiveBoard:
                     s.warmup_left = 0
                     if not self._warming:
                         self.event(t_ns, "warmup", "warmup ended: every lane is measuring")
+        self._active += bool(s.reqs) - was_active
         code = STATE_CODES[s.state()]
         s.bin_code = max(s.bin_code, code)
-        s.dirty = True
+        self._dirty.add(lane)
 
     def finished(self, rec: RequestRecord) -> None:
         """A request finished (the record the journal holds)."""
         self._roll(rec.done_ns)
         s = self._lane(rec.lane)
-        s.dirty = True
+        self._dirty.add(rec.lane)
         itl: float | None = None
         if (rec.ok and rec.first_token_ns is not None and rec.last_token_ns is not None
                 and rec.osl is not None and rec.osl >= 2):
@@ -652,9 +700,7 @@ class LiveBoard:
             self._series["interactivity_p50"].append(nan)
             self._series["interactivity_p90"].append(nan)
         self._series["ttft_p90"].append(float(np.percentile(ttft, 90)) if ttft else nan)
-        in_flight = sum(s.counts[0][2] + s.counts[0][3] + s.counts[1][2] + s.counts[1][3]
-                        for s in self._lanes.values())
-        self._series["in_flight"].append(float(in_flight))
+        self._series["in_flight"].append(float(self._in_flight))
         srv = self._server if self._server is not None and self._server.ok else None
 
         def val(x: float | None, scale: float = 1.0) -> float:
@@ -665,7 +711,9 @@ class LiveBoard:
         self._series["prefix_hit"].append(val(srv.prefix_hit_rate, 100.0) if srv else nan)
         for s in self._lanes.values():
             s.strip.append(max(s.bin_code, STATE_CODES[s.state()]))
+            s.strip_cache = None
             s.bin_code = STATE_CODES[s.state()]
+        self._strips = None
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -680,15 +728,18 @@ class LiveBoard:
             "throughput_per_gpu_tok_s": ((self._isl_sum + self._osl_sum) / window
                                          / max(1, self.header.gpus) if window > 0 else None),
         }
+        groups = {"user": self._lane_of.view().astype(np.int64),
+                  "session": self._session_of.view().astype(np.int64)}
+        quantiles = {name: _quantiles(x, groups) for name, x in
+                     (("itl", itl), ("ttft", ttft), ("e2e", e2e))}
         heads = []
         for w in WEIGHTINGS:
-            g = None if w == "request" else (
-                self._lane_of if w == "user" else self._session_of).view().astype(np.int64)
+            q_itl, q_ttft, q_e2e = (quantiles[k][w] for k in ("itl", "ttft", "e2e"))
             heads.append(Headline(
-                w, p50_interactivity_tok_s=_inverse(_quantile(itl, 0.5, g)),
-                p90_interactivity_tok_s=_inverse(_quantile(itl, 0.9, g)),
-                e2e_norm_p90_interactivity_tok_s=_inverse(_quantile(e2e, 0.9, g)),
-                ttft_p90_s=_quantile(ttft, 0.9, g), **rates))
+                w, p50_interactivity_tok_s=_inverse(q_itl(0.5)),
+                p90_interactivity_tok_s=_inverse(q_itl(0.9)),
+                e2e_norm_p90_interactivity_tok_s=_inverse(q_e2e(0.9)),
+                ttft_p90_s=q_ttft(0.9), **rates))
         self._headlines = tuple(heads)
         exact = self._osl_exact / self._done if self._done else None
         verdict = validity({"requests_completed": self._done,
@@ -725,18 +776,16 @@ class LiveBoard:
             self._compute_headlines()
             self._new_since_headline = False
             self._headline_at_ns = now_ns
-        views = []
-        users_active = in_flight = 0
-        for lane in sorted(self._lanes):
-            s = self._lanes[lane]
-            if s.dirty or s.view is None:
+        if self._dirty or self._views is None:
+            for lane in self._dirty:
+                s = self._lanes[lane]
                 s.view = self._lane_view(lane, s)
-                s.dirty = False
-            views.append(s.view)
-            users_active += bool(s.reqs)
-            in_flight += s.view.in_flight
-        strips = tuple(bytes(s.strip) for _, s in sorted(self._lanes.items()))
-        totals = replace(self._totals, in_flight=in_flight, users_active=users_active)
+            self._dirty.clear()
+            self._views = tuple(self._lanes[lane].view for lane in self._order)  # type: ignore[misc]
+        if self._strips is None or len(self._strips) != len(self._lanes):
+            self._strips = tuple(self._lanes[lane].strip_bytes() for lane in self._order)
+        strips = self._strips
+        totals = replace(self._totals, in_flight=self._in_flight, users_active=self._active)
         t0 = (self._bin - len(self._series["in_flight"])) * BIN_S
         series = tuple(Series(k, label, unit, t0, BIN_S, tuple(self._series[k]))
                        for k, label, unit in SERIES)
@@ -746,7 +795,7 @@ class LiveBoard:
             seq=self._seq, header=self.header, elapsed_s=elapsed,
             remaining_s=None if self._finished else self._remaining(elapsed),
             finished=self._finished, stop_reason=self._stop_reason,
-            headlines=self._headlines, totals=totals, series=series, lanes=tuple(views),
+            headlines=self._headlines, totals=totals, series=series, lanes=self._views,
             strips=strips, events=tuple(self._events), server=self._server, note=self.note)
         self.latest = snap
         return snap

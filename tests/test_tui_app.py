@@ -14,7 +14,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable
 
 from agentload.replay.live import Header, LiveBoard, LiveSnapshot
 from agentload.tui import format as f
@@ -83,7 +82,7 @@ async def test_every_panel_shows_the_snapshot(source: ScriptedSource) -> None:
             assert label in charts
         table = app.query_one(UsersTable)
         assert table.row_count == 40
-        assert [str(c) for c in table.get_row("0")] == list(lane_cells(snap.lanes[0]))
+        assert table.row_cells(0) == lane_cells(snap.lanes[0])
         strip = app.query_one(LanesStrip)
         assert strip.virtual_size.height == 40
         assert len(strip.render_line(0).text) == strip.size.width
@@ -109,12 +108,18 @@ async def test_numbers_change_and_the_table_is_diff_updated(source: ScriptedSour
         assert later.totals.requests_done > first.totals.requests_done
         # Only changed cells were written, rows were never cleared: the cursor stayed.
         written = table.cell_updates - updates
-        assert 0 < written < table.row_count * len(table.columns)
+        assert 0 < written < table.row_count * len(table.COLUMNS)
         assert table.cursor_row == 3 and table.row_count == 40
-        assert [str(c) for c in table.get_row("5")] == list(lane_cells(later.lanes[5]))
+        assert table.row_cells(5) == lane_cells(later.lanes[5])
+        # Rows are re-rendered only when they changed and are on screen.
+        rendered = table.rows_rendered
+        app.draw(later)
+        await pilot.pause()
+        assert table.rows_rendered == rendered
         # A pull without a new snapshot draws nothing.
         applied = app.applied
-        app.source.snapshot = lambda: later  # type: ignore[method-assign]
+        shown = app.snapshot
+        app.source.snapshot = lambda: shown  # type: ignore[method-assign]
         app.tick()
         assert app.applied == applied
 
@@ -337,5 +342,23 @@ def test_spark_rows_and_formats() -> None:
     assert f.percent(0.5) == "50.0%"
 
 
-def test_the_table_is_a_datatable() -> None:
-    assert issubclass(UsersTable, DataTable)
+async def test_users_table_sorts_worst_first(source: ScriptedSource) -> None:
+    app = DashboardApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.query_one(UsersTable)
+        table.focus()
+        await pilot.press("s")
+        assert table.sort == "worst P90"
+        snap = app.snapshot
+        assert snap is not None
+        p90 = {v.lane: v.p90_interactivity_tok_s for v in snap.lanes}
+        shown = [p90[lane] for lane in table._order if p90[lane] is not None]
+        assert shown == sorted(shown)
+        assert "sorted by worst P90" in str(table.border_subtitle)
+        await pilot.press("s", "s")
+        assert table.sort == "lane" and table._order == sorted(table._order)
+        await pilot.press("end")
+        assert table.cursor_row == 39 and table.scroll_offset.y > 0
+        await pilot.press("home")
+        assert table.cursor_row == 0 and table.scroll_offset.y == 0

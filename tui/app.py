@@ -48,6 +48,7 @@ Screen {
 }
 
 HeaderBar {
+    dock: top;
     height: 2;
     background: $panel;
 }
@@ -240,22 +241,26 @@ class DashboardApp(App[None]):
         self._timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar(id="header")
-        yield Headline(id="headline")
+        # Held, not queried: a pull then costs no DOM query, and a late one during
+        # shutdown draws into detached widgets instead of failing.
+        self.header_bar = HeaderBar(id="header")
+        self.headline = Headline(id="headline")
+        self.charts = Charts(id="charts")
+        self.charts.border_title = "1 time series · 1 s bins"
+        self.users = UsersTable(id="users")
+        self.users.border_title = "2 users"
+        self.lanes = LanesStrip(id="lanes")
+        self.lanes.border_title = "3 session lanes · 1 cell = 1 s"
+        self.lanes.border_subtitle = LanesStrip.legend().plain
+        self.events = EventLog(id="events")
+        self.events.border_title = "4 events"
+        yield self.header_bar
+        yield self.headline
         with Grid(id="grid"):
-            charts = Charts(id="charts")
-            charts.border_title = "1 time series · 1 s bins"
-            yield charts
-            users = UsersTable(id="users")
-            users.border_title = "2 users"
-            yield users
-            lanes = LanesStrip(id="lanes")
-            lanes.border_title = "3 session lanes · 1 cell = 1 s"
-            lanes.border_subtitle = LanesStrip.legend().plain
-            yield lanes
-            events = EventLog(id="events")
-            events.border_title = "4 events"
-            yield events
+            yield self.charts
+            yield self.users
+            yield self.lanes
+            yield self.events
         yield Footer()
 
     def on_mount(self) -> None:
@@ -269,7 +274,7 @@ class DashboardApp(App[None]):
         if self.exit_when_gone and getattr(self.source, "gone", False):
             self.exit()
             return
-        if self.paused:
+        if self.paused or self._exit:
             return
         self.pulls += 1
         self.pull_times.append(time.monotonic())
@@ -289,12 +294,12 @@ class DashboardApp(App[None]):
         started = time.perf_counter()
         self.snapshot = snap
         with self.batch_update():
-            self.query_one(HeaderBar).show(snap, self.weighting, self.paused, self.stopping)
-            self.query_one(Headline).show(snap, self.weighting)
-            self.query_one(Charts).show(snap)
-            self.query_one(UsersTable).show(snap)
-            self.query_one(LanesStrip).show(snap)
-            self.query_one(EventLog).show(snap)
+            self.header_bar.show(snap, self.weighting, self.paused, self.stopping)
+            self.headline.show(snap, self.weighting)
+            self.charts.show(snap)
+            self.users.show(snap)
+            self.lanes.show(snap)
+            self.events.show(snap)
         self.applied += 1
         self.apply_s += time.perf_counter() - started
 

@@ -9,16 +9,18 @@ time series render only what is on screen.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+import time
+from typing import ClassVar, Literal
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import DataTable, RichLog, Static
+from textual.widgets import RichLog
 
 from agentload.replay.live import (
     CODE_STATES,
@@ -46,7 +48,27 @@ STATE_LABELS: dict[str, str] = {
 SPARK = " ▁▂▃▄▅▆▇█"
 
 
-class HeaderBar(Static):
+class TextPanel(Widget):
+    """A fixed-height text panel that repaints only when its text changed (never a
+    layout pass: ``Static.update`` would re-lay the whole screen on every draw)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._text = Text()
+        self._key: tuple[str, str] | None = None
+
+    def set_text(self, text: Text) -> None:
+        key = (text.plain, repr(text.spans))
+        if key != self._key:
+            self._key = key
+            self._text = text
+            self.refresh()
+
+    def render(self) -> Text:
+        return self._text
+
+
+class HeaderBar(TextPanel):
     """Arm, trace, GPU count, users, elapsed / remaining, progress and display state."""
 
     def show(self, snap: LiveSnapshot, weighting: Weighting, paused: bool,
@@ -88,10 +110,10 @@ class HeaderBar(Static):
             bottom.append(f" │ {snap.note}", "italic")
         elif snap.stop_reason:
             bottom.append(f" │ {snap.stop_reason}", "italic")
-        self.update(Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom]))
+        self.set_text(Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom]))
 
 
-class Headline(Static):
+class Headline(TextPanel):
     """The run's headline numbers (definitions: the ``d`` key)."""
 
     LABELS: ClassVar[tuple[str, ...]] = (
@@ -132,7 +154,7 @@ class Headline(Static):
         if t.reasons:
             extra.append(" · " + "; ".join(t.reasons), "red")
         extra.append("  [d] definitions", "dim")
-        self.update(Text("\n", no_wrap=True, overflow="crop").join([labels, row, extra]))
+        self.set_text(Text("\n", no_wrap=True, overflow="crop").join([labels, row, extra]))
 
 
 def spark_rows(values: list[float], rows: int, lo: float, hi: float) -> list[str]:
@@ -181,10 +203,15 @@ class Charts(Widget):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._series: tuple[Series, ...] = ()
+        self._key: tuple[float, int] | None = None
 
     def show(self, snap: LiveSnapshot) -> None:
-        self._series = snap.series
-        self.refresh()
+        first = snap.series[0] if snap.series else None
+        key = (first.t0_s, len(first.values)) if first else None
+        if key != self._key or not self._series:
+            self._key = key
+            self._series = snap.series
+            self.refresh()
 
     def render(self) -> Text:
         series = self._series
@@ -248,52 +275,172 @@ def lane_cells(v: LaneView) -> tuple[str, ...]:
             f.rate(v.p90_interactivity_tok_s), str(v.requests), str(v.errors))
 
 
-class UsersTable(DataTable[str | Text]):
-    """One row per user lane, updated cell by cell (never cleared, so no flicker)."""
+SortKey = Literal["lane", "worst P90", "state"]
+SORTS: tuple[SortKey, ...] = ("lane", "worst P90", "state")
 
+
+class UsersTable(ScrollView, can_focus=True):
+    """One row per user lane, updated in place: a row is re-rendered only when its
+    lane's view changed, and only if it is on screen (line API, nothing is cleared,
+    so the cursor and the scroll position never jump)."""
+
+    DEFAULT_CSS = "UsersTable { overflow-x: hidden; }"
+    ALLOW_MAXIMIZE = True
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "cursor(-1)", show=False), Binding("down", "cursor(1)", show=False),
+        Binding("pageup", "page(-1)", show=False), Binding("pagedown", "page(1)", show=False),
+        Binding("home", "cursor(-1000000000)", show=False),
+        Binding("end", "cursor(1000000000)", show=False),
+        Binding("s", "sort", "Sort users", id="sort")]
     COLUMNS: ClassVar[tuple[tuple[str, str, int], ...]] = (
         ("lane", "lane", 4), ("session", "session", 8), ("turn", "turn", 5),
         ("state", "state", 13), ("itl", "ITL", 6), ("p90", "P90", 6),
         ("reqs", "reqs", 4), ("err", "err", 3))
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False, cell_padding=0)
+        super().__init__(id=id)
         self._views: dict[int, LaneView] = {}
         self._cells: dict[int, tuple[str, ...]] = {}
+        self._order: list[int] = []
+        self._position: dict[int, int] = {}
+        self._rendered: dict[int, tuple[int, bool, Strip]] = {}  # lane -> (width, cursor, strip)
+        self.cursor_row = 0
+        """Index (in display order) of the highlighted row."""
+        self.sort: SortKey = "lane"
         self.cell_updates = 0
-        """Cells written since mount (the diff update's cost, for tests and the bench)."""
+        """Cells that changed since mount (the diff update's work, for tests and the bench)."""
+        self.rows_rendered = 0
+        """Row strips built since mount (only changed rows on screen are rebuilt)."""
+        self._header_style = Style(bold=True, underline=True)
+        self._cursor_style = Style(reverse=True)
+        self._styles = {state: Style.parse(style) for state, style in STATE_STYLES.items()}
+        self._red = Style.parse("red")
 
-    def on_mount(self) -> None:
-        for key, label, width in self.COLUMNS:
-            self.add_column(label, key=key, width=width + 1)  # one space between columns
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
 
-    @staticmethod
-    def _cell(col: int, value: str, state: str) -> str | Text:
-        if col == 3:
-            return Text(value, style=STATE_STYLES.get(state, ""))
-        if col == 7 and value != "0":
-            return Text(value, style="red")
-        return value
+    def row_cells(self, lane: int) -> tuple[str, ...]:
+        """The cells a lane's row shows."""
+        return self._cells[lane]
 
     def show(self, snap: LiveSnapshot) -> None:
-        keys = [k for k, _, _ in self.COLUMNS]
+        changed: list[int] = []
         for view in snap.lanes:
             if self._views.get(view.lane) is view:
                 continue  # the board reuses a lane's view object while it is unchanged
             self._views[view.lane] = view
             cells = lane_cells(view)
             old = self._cells.get(view.lane)
-            row_key = str(view.lane)
-            if old is None:
-                self.add_row(*(self._cell(i, c, view.state) for i, c in enumerate(cells)),
-                             key=row_key)
-                self.cell_updates += len(cells)
-            else:
-                for i, (new, was) in enumerate(zip(cells, old, strict=True)):
-                    if new != was:
-                        self.update_cell(row_key, keys[i], self._cell(i, new, view.state))
-                        self.cell_updates += 1
+            if old == cells:
+                continue
+            self.cell_updates += len(cells) if old is None else sum(
+                a != b for a, b in zip(cells, old, strict=True))
             self._cells[view.lane] = cells
+            self._rendered.pop(view.lane, None)
+            changed.append(view.lane)
+        if not changed:
+            return
+        if self._reorder():
+            self.refresh()
+            return
+        top = int(self.scroll_offset.y)
+        bottom = top + self.size.height
+        for lane in changed:
+            line = self._position[lane] + 1  # line 0 is the header
+            if top < line <= bottom:
+                self.refresh_line(line)
+
+    def _sort_key(self, lane: int) -> tuple[float, int]:
+        view = self._views[lane]
+        if self.sort == "worst P90":
+            p90 = view.p90_interactivity_tok_s
+            return (p90 if p90 is not None else float("inf"), lane)
+        if self.sort == "state":
+            return (-STATE_CODES[view.state], lane)
+        return (0.0, lane)
+
+    def _reorder(self) -> bool:
+        order = sorted(self._views, key=self._sort_key)
+        if order == self._order:
+            return False
+        self._order = order
+        self._position = {lane: i for i, lane in enumerate(order)}
+        self.virtual_size = Size(0, len(order) + 1)
+        self._rendered.clear()
+        return True
+
+    def action_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self.border_subtitle = f"sorted by {self.sort} · s to change"
+        self._reorder()
+        self.refresh()
+
+    def action_cursor(self, delta: int) -> None:
+        self._move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self._move_cursor(self.cursor_row + direction * max(1, self.size.height - 2))
+
+    def _move_cursor(self, row: int) -> None:
+        old = self.cursor_row
+        self.cursor_row = max(0, min(row, len(self._order) - 1))
+        visible = max(1, self.size.height - 1)
+        top = int(self.scroll_offset.y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + visible:
+            self.scroll_to(y=self.cursor_row - visible + 1, animate=False)
+        for row_index in (old, self.cursor_row):
+            if row_index < len(self._order):
+                self._rendered.pop(self._order[row_index], None)
+                self.refresh_line(row_index + 1)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y == 0:
+            return self._header(width)
+        index = int(self.scroll_offset.y) + y - 1
+        if index >= len(self._order) or width <= 0:
+            return Strip.blank(width, self.rich_style)
+        lane = self._order[index]
+        cursor = index == self.cursor_row and self.has_focus
+        cached = self._rendered.get(lane)
+        if cached is not None and cached[0] == width and cached[1] == cursor:
+            return cached[2]
+        strip = self._row(lane, width, cursor)
+        self._rendered[lane] = (width, cursor, strip)
+        self.rows_rendered += 1
+        return strip
+
+    def _header(self, width: int) -> Strip:
+        text = "".join(f"{label:<{w + 1}.{w}}" for _, label, w in self.COLUMNS)
+        return Strip([Segment(text, self._header_style)]).adjust_cell_length(width)
+
+    def _row(self, lane: int, width: int, cursor: bool) -> Strip:
+        cells = self._cells[lane]
+        state = self._views[lane].state
+        segments = []
+        for i, ((_, _, w), value) in enumerate(zip(self.COLUMNS, cells, strict=True)):
+            style = None
+            if i == 3:
+                style = self._styles.get(state)
+            elif i == 7 and value != "0":
+                style = self._red
+            segments.append(Segment(f"{value:<{w + 1}.{w}}", style))
+        strip = Strip(segments).adjust_cell_length(width)
+        return strip.apply_style(self._cursor_style) if cursor else strip
+
+    def on_focus(self) -> None:
+        self._invalidate_cursor()
+
+    def on_blur(self) -> None:
+        self._invalidate_cursor()
+
+    def _invalidate_cursor(self) -> None:
+        if self.cursor_row < len(self._order):
+            self._rendered.pop(self._order[self.cursor_row], None)
+            self.refresh_line(self.cursor_row + 1)
 
 
 class LanesStrip(ScrollView):
@@ -315,9 +462,12 @@ class LanesStrip(ScrollView):
                         for state, code in STATE_CODES.items()}
 
     def show(self, snap: LiveSnapshot) -> None:
+        if snap.strips == self._strips:  # identical bytes objects between bins: cheap
+            return
         self._strips = snap.strips
         self._lanes = snap.lanes
-        self.virtual_size = Size(0, len(snap.strips))
+        if self.virtual_size.height != len(snap.strips):
+            self.virtual_size = Size(0, len(snap.strips))
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
@@ -362,16 +512,25 @@ class LanesStrip(ScrollView):
 
 
 class EventLog(RichLog):
-    """Errors, recycles, warmup end, stops and server restarts, newest at the bottom."""
+    """Errors, recycles, warmup end, stops and server restarts, newest at the bottom.
+
+    New events are written at most once a second (each write re-lays the log out)."""
+
+    FLUSH_EVERY_S = 1.0
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, max_lines=2000, wrap=False, markup=False, auto_scroll=True)
         self._last_seq = 0
+        self._flushed_at = -1e9
 
-    def show(self, snap: LiveSnapshot) -> None:
-        fresh = [e for e in snap.events if e.seq > self._last_seq]
-        if not fresh:
+    def show(self, snap: LiveSnapshot, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if not snap.events or snap.events[-1].seq <= self._last_seq:
             return
+        if now - self._flushed_at < self.FLUSH_EVERY_S and not snap.finished:
+            return
+        self._flushed_at = now
+        fresh = [e for e in snap.events if e.seq > self._last_seq]
         if fresh[0].seq > self._last_seq + 1:
             self.write(Text(f"… {fresh[0].seq - self._last_seq - 1} earlier events not "
                             "shown", style="dim italic"))
