@@ -189,20 +189,76 @@ def _graph_points(profile: Profile, ops: pl.DataFrame) -> tuple[pl.DataFrame, in
     return out, missing
 
 
+def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Each op's launch on (process, correlationId): ``tid``, ``launch_start``,
+    ``launch_end``, ``launch_name`` (null when none); and how many launches repeat a key.
+
+    CUPTI correlation ids are small consecutive integers per process, so the join is a
+    direct-address table (scatter, then gather): O(N), no hashing or sorting. Keys too
+    sparse for that fall back to a hash join.
+    """
+    n = ops.height
+    procs = np.unique(launches["proc"].to_numpy()) if launches.height else np.zeros(0, np.uint64)
+    l_proc = np.searchsorted(procs, launches["proc"].to_numpy()).astype(np.int64)
+    l_corr = launches["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    o_proc_raw = ops["proc"].to_numpy()
+    o_proc = np.searchsorted(procs, o_proc_raw).astype(np.int64)
+    o_known = (o_proc < len(procs))
+    o_known &= procs[np.minimum(o_proc, max(len(procs) - 1, 0))] == o_proc_raw if len(procs) \
+        else np.zeros(n, bool)
+    o_corr = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    idx = np.full(n, -1, np.int64)
+    dup = 0
+    if launches.height:
+        valid = l_corr >= 0
+        lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
+        hi = np.full(len(procs), -1, np.int64)
+        np.minimum.at(lo, l_proc[valid], l_corr[valid])
+        np.maximum.at(hi, l_proc[valid], l_corr[valid])
+        size = np.maximum(hi - lo + 1, 0)
+        base = np.cumsum(size) - size
+        total = int(size.sum())
+        if total <= 4 * launches.height + 1_000_000:
+            table = np.full(total, -1, np.int64)
+            pos = base[l_proc[valid]] + l_corr[valid] - lo[l_proc[valid]]
+            rows = np.flatnonzero(valid)
+            table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
+            dup = int(len(pos) - np.count_nonzero(np.bincount(pos, minlength=total)))
+            pc = np.where(o_known, o_proc, 0)
+            opos = base[pc] + o_corr - lo[pc]
+            ok = o_known & (o_corr >= lo[pc]) & (o_corr <= hi[pc])
+            idx[ok] = table[opos[ok]]
+        else:
+            keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
+            first = keyed.unique(["proc", "correlation"], keep="first")
+            dup = keyed.height - first.height
+            hit = ops.select("proc", "correlation").with_row_index("op").join(
+                first, on=["proc", "correlation"], how="inner")
+            idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
+    got = idx >= 0
+    take = np.maximum(idx, 0)
+
+    def pick(col: str, dtype: pl.DataType) -> pl.Series:
+        values = (launches[col].fill_null(0 if col == "tid" else -1).to_numpy()[take]
+                  if launches.height else np.zeros(n, np.int64))
+        return pl.Series(values).cast(dtype).scatter(np.flatnonzero(~got), None) \
+            if (~got).any() else pl.Series(values).cast(dtype)
+
+    out = ops.with_row_index("op").with_columns(
+        tid=pick("tid", pl.UInt64()), launch_start=pick("start", pl.Int64()),
+        launch_end=pick("end", pl.Int64()), launch_name=pick("name_id", pl.Int64()))
+    return out, dup
+
+
 def attribute(profile: Profile) -> Attribution:
     """Attribute every GPU op of ``profile`` to its innermost owning range."""
     notes = list(profile.notes)
     ranges = parse_range_names(profile.ranges.with_row_index("idx").with_columns(
         pl.col("idx").cast(pl.Int64)))
-    launches = profile.launches.unique(["proc", "correlation"], keep="first")
-    dup = profile.launches.height - launches.height
+    ops, dup = _join_launches(profile.ops, profile.launches)
     if dup:
         notes.append(f"{dup:,} runtime calls repeat a (process, correlationId) pair; the "
                      "first is used")
-    ops = profile.ops.with_row_index("op").join(
-        launches.select("proc", "correlation", "tid", launch_start="start",
-                        launch_end="end", launch_name="name_id"),
-        on=["proc", "correlation"], how="left", maintain_order="left")
     graph_pts, missing_nodes = _graph_points(profile, ops)
     if graph_pts.height:
         ops = ops.join(graph_pts, on=["proc", "graph_node"], how="left", maintain_order="left")

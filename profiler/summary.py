@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -113,41 +113,31 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         inst = rng
     # Replayed graph kernels mapped to capture-time ranges: each replay is its own
     # instance and its own step, keyed by the replay's correlation id.
-    replay = ops["correlation"].to_numpy().astype(np.int64)
-    via = ops["via"].to_numpy()
-    graph_replay = (via == "graph-node") | (via == "graph-launch")
-    frame = ops.select("op", "proc", "kind", "start", "end", "name_id", "launch_start",
-                       "via").with_columns(
-        inst=pl.Series(inst), step=pl.Series(step),
-        replay=pl.Series(np.where(via == "graph-node", replay, -1)),
-        graph_step=pl.Series(np.where(graph_replay, replay, -1)))
-    labels = ranges.select(pl.col("idx").alias("inst"), "label", "layer")
-    frame = frame.join(labels, on="inst", how="left").with_columns(
-        label=pl.col("label").fill_null(UNATTRIBUTED))
-    step_names = ranges.select(pl.col("idx").alias("step"), step_label="label")
-    frame = frame.join(step_names, on="step", how="left")
+    replay = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    node_mapped = (ops["via"] == "graph-node").to_numpy()
+    graph_replay = node_mapped | (ops["via"] == "graph-launch").to_numpy()
+    step_range = np.where(graph_replay, -1, step)
     # Graph replays are steps of their own when no step range encloses the replay call.
-    frame = frame.with_columns(
-        step_key=pl.when(pl.col("graph_step") >= 0).then(pl.col("graph_step") * 2 + 1)
-        .otherwise(pl.col("step") * 2),
-        step_label=pl.when(pl.col("graph_step") >= 0).then(
-            pl.coalesce(pl.col("step_label"), pl.lit("")) + pl.lit(" [graph replay]"))
-        .otherwise(pl.col("step_label").fill_null(UNATTRIBUTED)))
+    step_key = np.where(graph_replay, replay * 2 + 1, step * 2)
+    frame = ops.select("proc", "kind", "start", "end", "name_id", "launch_start").with_columns(
+        inst=pl.Series(inst), replay=pl.Series(np.where(node_mapped, replay, -1)),
+        step_key=pl.Series(step_key), step_range=pl.Series(np.where(graph_replay, step,
+                                                                     step_range)),
+        graph_step=pl.Series(graph_replay))
     inferred = False
     if do_infer:
         frame, inote = _infer_layers(frame)
-        inferred = inote is not None
+        inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)
-    frame = frame.with_columns(pid=pid_of(pl.col("proc")))
-    instances = _instances(frame)
+    frame, instances = _instances(frame, ranges)
     layers = _layers(instances)
     types = _types(instances)
-    steps = _steps(frame, instances)
+    steps = _steps(frame, instances, ranges)
     ranks = _ranks(layers)
     names = att.profile.strings.select(pl.col("id").alias("name_id"), kernel="value")
-    top = _top_kernels(frame, names)
-    sequences = _sequences(frame, names)
+    top = _top_kernels(frame, instances, names)
+    sequences = _sequences(frame, instances, names)
     return Summary(instances=instances, layers=layers, types=types, steps=steps, ranks=ranks,
                    top_kernels=top, sequences=sequences, notes=tuple(notes),
                    inferred=inferred, level=level, source=att.profile.source,
@@ -183,16 +173,10 @@ def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
     reps_col = np.zeros(frame.height, np.int64)
     for (a, b), (_, reps) in zip(itertools.pairwise(bounds), periods, strict=True):
         reps_col[a:b] = reps
-    frame = frame.with_columns(block=pl.Series(block), _reps=pl.Series(reps_col)).with_columns(
-        label=pl.when(pl.col("block") < 0).then(pl.lit("inferred.prelude"))
-        .when((pl.col("block") >= pl.col("_reps")) & (pl.col("_reps") > 0))
-        .then(pl.lit("inferred.postlude"))
-        .when(pl.col("_reps") == 0).then(pl.lit("inferred.step"))
-        .otherwise(pl.format("inferred.layers.{}", pl.col("block"))),
-        layer=pl.when((pl.col("block") >= 0) & (pl.col("block") < pl.col("_reps")))
-        .then(pl.col("block")),
-        inst=pl.col("step_key") * 65_536 + pl.col("block") + 1,
-        replay=pl.lit(-1, pl.Int64)).drop("block", "_reps")
+    frame = frame.with_columns(
+        block=pl.Series(block), reps=pl.Series(reps_col),
+        inst=pl.col("step_key") * 65_536 + pl.Series(block) + 1,
+        replay=pl.lit(-1, pl.Int64))
     common = max(set(found), key=found.count)
     return frame, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
                    f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
@@ -200,38 +184,115 @@ def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
                    "inferred.layers.<i>")
 
 
-def _with_busy(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Each op's share of its group's busy (union) time: the part not already covered by
-    an earlier-starting op of the same group (sorted by start, running max of ends)."""
-    data = frame.sort(*keys, "start")
-    prev_end = pl.col("end").cum_max().shift(1).over(keys)
-    return data.with_columns(
-        busy=(pl.col("end") - pl.max_horizontal(pl.col("start"), prev_end.fill_null(0)))
-        .clip(lower_bound=0))
+IS_KERNEL_KINDS = ("kernel", "graph")
 
 
-IS_KERNEL = pl.col("kind").is_in(["kernel", "graph"])
+def _group_ids(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[np.int64]:
+    """One int64 per row, equal exactly when the ``keys`` are equal (not dense).
+
+    The common case needs no hashing: ``inst``/``step`` values are global range indices,
+    unique across processes, so only rows without one (or keyed by a per-process
+    correlation id) need the process folded in, by a dense rank over those rows alone.
+    """
+    procs = frame["proc"].unique().sort().to_numpy()
+    pcode = np.searchsorted(procs, frame["proc"].to_numpy()).astype(np.int64)
+    n_p = len(procs)
+    if keys == ["proc", "inst", "replay"]:
+        key = frame["inst"].to_numpy().astype(np.int64)
+        simple = (frame["replay"].to_numpy() < 0) & (key >= 0)
+        if "block" in frame.columns:  # inferred instances: keys built from step ids
+            simple[:] = False
+    else:
+        key = frame["step_key"].to_numpy().astype(np.int64)
+        simple = (key >= 0) & (key % 2 == 0)  # a step range, not a graph replay
+    out = np.where(simple, key + n_p, pcode)
+    rest = np.flatnonzero(~simple)
+    if len(rest):
+        sub = frame[rest].select(keys)
+        ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
+        top = int(key[simple].max(initial=-1)) + n_p + 1
+        out[rest] = top + ranks.astype(np.int64)
+    return out
 
 
-def _counts() -> list[pl.Expr]:
-    return [IS_KERNEL.sum().cast(pl.Int64).alias("kernels"),
-            (~IS_KERNEL).sum().cast(pl.Int64).alias("memops"),
-            pl.when(IS_KERNEL).then(pl.col("end") - pl.col("start")).otherwise(0).sum()
-            .alias("kernel_ns"),
-            pl.col("busy").sum().alias("busy_ns"), pl.col("start").min().alias("start"),
-            (pl.col("end").max() - pl.col("start").min()).alias("span_ns")]
+def _grouped(frame: pl.DataFrame, keys: list[str]) -> tuple[npt.NDArray[np.int64],
+                                                           dict[str, Any]]:
+    """Per row its dense group id ``g`` (groups ordered by key), and per group: the
+    first row (original index), op counts and times (numpy, no per-group Python).
+
+    Busy (union) time: each group's ops are shifted into a private window of the
+    number line (``offset``), so one running maximum over all groups acts per group.
+    """
+    n = frame.height
+    if not n:
+        zero = np.zeros(0, np.int64)
+        return zero, {"first": zero, "kernels": zero, "memops": zero, "kernel_ns": zero,
+                      "busy_ns": zero, "start": zero, "span_ns": zero}
+    gid = _group_ids(frame, keys)
+    start0 = frame["start"].to_numpy().astype(np.int64)
+    order = pl.DataFrame({"g": gid, "s": start0}).select(
+        pl.arg_sort_by("g", "s")).to_series().to_numpy()
+    gs = gid[order]
+    new = np.empty(n, bool)
+    new[0] = True
+    new[1:] = gs[1:] != gs[:-1]
+    first = np.flatnonzero(new)
+    g_sorted = np.cumsum(new) - 1
+    g = np.empty(n, np.int64)
+    g[order] = g_sorted
+    start = start0[order]
+    end = frame["end"].to_numpy().astype(np.int64)[order]
+    kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()[order]
+    gmin = start[first]
+    gmax = np.maximum.reduceat(end, first)
+    width = np.maximum(gmax, gmin) - gmin + 1
+    offset = np.cumsum(width) - width
+    shift = (offset - gmin)[g_sorted]
+    v_start, v_end = start + shift, end + shift
+    run = np.maximum.accumulate(v_end)
+    prev = np.empty(n, np.int64)
+    prev[0] = -1
+    prev[1:] = run[:-1]
+    busy = np.clip(v_end - np.maximum(v_start, prev), 0, None)
+    kernels = np.add.reduceat(kernel.astype(np.int64), first)
+    return g, {
+        "first": order[first], "kernels": kernels,
+        "memops": np.diff(np.append(first, n)) - kernels,
+        "kernel_ns": np.add.reduceat(np.where(kernel, end - start, 0), first),
+        "busy_ns": np.add.reduceat(busy, first), "start": gmin, "span_ns": gmax - gmin}
 
 
-def _instances(frame: pl.DataFrame) -> pl.DataFrame:
+def _instances(frame: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     keys = ["proc", "inst", "replay"]
-    data = _with_busy(frame.select(*keys, "pid", "label", "layer", "step_key", "step_label",
-                                   "kind", "start", "end"), keys)
-    out = data.group_by(keys).agg(
-        *_counts(), pid=pl.col("pid").first(), name=pl.col("label").first(),
-        layer=pl.col("layer").first(), step_key=pl.col("step_key").first(),
-        step=pl.col("step_label").first())
-    return out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns"),
-                            type=layer_type(pl.col("name"))).sort("proc", "start")
+    g, agg = _grouped(frame, keys)
+    carry = [*keys, "step_key", "step_range", "graph_step"]
+    if "block" in frame.columns:
+        carry += ["block", "reps"]
+    head = frame.select(carry)[agg.pop("first")]
+    out = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()}).with_row_index("g")
+    out = out.with_columns(pl.col("g").cast(pl.Int64))
+    data = frame.with_columns(g=pl.Series(g))
+    labels = ranges.select(pl.col("idx").alias("inst"), name="label", layer="layer")
+    out = out.join(labels, on="inst", how="left")
+    if "block" in out.columns:
+        out = out.with_columns(
+            name=pl.when(pl.col("block") < 0).then(pl.lit("inferred.prelude"))
+            .when((pl.col("block") >= pl.col("reps")) & (pl.col("reps") > 0))
+            .then(pl.lit("inferred.postlude"))
+            .when(pl.col("reps") == 0).then(pl.lit("inferred.step"))
+            .otherwise(pl.format("inferred.layers.{}", pl.col("block"))),
+            layer=pl.when((pl.col("block") >= 0) & (pl.col("block") < pl.col("reps")))
+            .then(pl.col("block"))).drop("block", "reps")
+    steps = ranges.select(pl.col("idx").alias("step_range"), step="label")
+    out = out.join(steps, on="step_range", how="left").with_columns(
+        name=pl.col("name").fill_null(UNATTRIBUTED),
+        step=pl.when(pl.col("graph_step"))
+        .then(pl.coalesce(pl.col("step"), pl.lit("")) + pl.lit(" [graph replay]"))
+        .otherwise(pl.col("step").fill_null(UNATTRIBUTED)),
+        pid=pid_of(pl.col("proc")))
+    out = out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns"),
+                           type=layer_type(pl.col("name"))).sort("proc", "start")
+    return data, out
 
 
 def _agg(by: list[str]) -> list[pl.Expr]:
@@ -254,14 +315,22 @@ def _types(instances: pl.DataFrame) -> pl.DataFrame:
     return out.sort("pid", "first_start").drop("first_start")
 
 
-def _steps(frame: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+def _steps(frame: pl.DataFrame, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "step_key"]
-    data = _with_busy(frame.select(*keys, "pid", "step_label", "layer", "kind", "start", "end",
-                                   "inst", "replay"), keys)
-    per = data.group_by(keys).agg(
-        *_counts(), pid=pl.col("pid").first(), step=pl.col("step_label").first(),
+    _, agg = _grouped(frame, keys)
+    head = frame.select(*keys, "step_range", "graph_step")[agg.pop("first")]
+    per = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
+    counts = instances.group_by(keys).agg(
         layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
-        instances=pl.struct("inst", "replay").n_unique().cast(pl.Int64))
+        instances=pl.len().cast(pl.Int64))
+    names = ranges.select(pl.col("idx").alias("step_range"), step="label")
+    per = per.join(counts, on=keys, how="left").join(names, on="step_range", how="left")
+    per = per.with_columns(
+        pid=pid_of(pl.col("proc")),
+        step=pl.when(pl.col("graph_step"))
+        .then(pl.coalesce(pl.col("step"), pl.lit("")) + pl.lit(" [graph replay]"))
+        .otherwise(pl.col("step").fill_null(UNATTRIBUTED)),
+        layers=pl.col("layers").fill_null(0), instances=pl.col("instances").fill_null(0))
     return per.sort("pid", "start").with_columns(
         index=pl.int_range(pl.len()).over("pid")).select(
         "pid", "index", "step", "start", "span_ns", "kernels", "memops", "kernel_ns",
@@ -279,22 +348,45 @@ def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
         first=pl.col("pid").min()).sort("name").drop("first")
 
 
-def _top_kernels(frame: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
-    top = frame.filter(pl.col("kind").is_in(["kernel", "graph"])).group_by(
-        "pid", "label", "name_id").agg(count=pl.len(),
-                                       kernel_ns=(pl.col("end") - pl.col("start")).sum())
+def _top_kernels(frame: pl.DataFrame, instances: pl.DataFrame,
+                 names: pl.DataFrame) -> pl.DataFrame:
+    """Per (pid, layer name): the five kernels with the most summed time."""
+    # instances is sorted differently from the group ids: map g -> (pid, name) code.
+    inst = instances.select("g", "pid", "name").with_columns(
+        code=pl.struct("pid", "name").rank("dense").cast(pl.Int64) - 1).sort("g")
+    code = inst["code"].to_numpy()[frame["g"].to_numpy()]
+    kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()
+    name = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64)
+    width = int(name.max(initial=0)) + 2
+    key = code[kernel] * width + name[kernel] + 1
+    dur = (frame["end"].to_numpy() - frame["start"].to_numpy())[kernel]
+    top = pl.DataFrame({"key": key, "dur": dur}).group_by("key").agg(
+        count=pl.len(), kernel_ns=pl.col("dur").sum())
+    top = top.with_columns(code=pl.col("key") // width,
+                           name_id=pl.col("key") % width - 1).join(
+        inst.select("code", "pid", label="name").unique("code"), on="code", how="left")
     top = top.join(names, on="name_id", how="left").with_columns(
         kernel=pl.col("kernel").fill_null("?").map_elements(
             short_kernel_name, return_dtype=pl.String))
     return top.sort(["pid", "label", "kernel_ns"], descending=[False, False, True]).with_columns(
-        rank=pl.int_range(pl.len()).over("pid", "label")).filter(pl.col("rank") < 5)
+        rank=pl.int_range(pl.len()).over("pid", "label")).filter(pl.col("rank") < 5).select(
+        "pid", "label", "name_id", "count", "kernel_ns", "kernel", "rank")
 
 
-def _sequences(frame: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+SEQUENCE_SAMPLE = 64
+"""Instances per layer type whose kernel sequences are compared (the most common wins)."""
+
+
+def _sequences(frame: pl.DataFrame, instances: pl.DataFrame,
+               names: pl.DataFrame) -> pl.DataFrame:
     """Per (pid, layer type): the most common kernel sequence of one instance."""
-    seq = frame.with_columns(type=layer_type(pl.col("label"))).sort(
-        "proc", "inst", "replay", "launch_start", "start").group_by(
-        "pid", "type", "proc", "inst", "replay", maintain_order=True).agg(
+    sample = instances.sort("start").group_by("pid", "type", maintain_order=True).head(
+        SEQUENCE_SAMPLE).select("g", "pid", "type")
+    mask = np.zeros(instances.height, bool)
+    mask[sample["g"].to_numpy()] = True
+    ops = frame.filter(pl.Series(mask[frame["g"].to_numpy()])).join(sample, on="g")
+    seq = ops.sort("g", "launch_start", "start").group_by(
+        "pid", "type", "g", maintain_order=True).agg(
         seq=pl.col("name_id").fill_null(-1))
     common = seq.group_by("pid", "type", "seq").agg(n=pl.len()).sort(
         ["pid", "type", "n"], descending=[False, False, True]).unique(

@@ -22,6 +22,15 @@ COMPILED_RE = r"^Torch Compiled Module \((input|output)\):?(.*)$"
 
 
 def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
+    """The name columns of :func:`_parse`, computed once per distinct name (traces
+    repeat names every step) and joined back."""
+    if not ranges.height:
+        return _parse(ranges)
+    uniq = _parse(ranges.select(pl.col("name").unique()))
+    return ranges.join(uniq, on="name", how="left", nulls_equal=True)
+
+
+def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
     """Add ``module`` (null when the name is not vLLM's dict), ``label`` (the module path,
     else the raw name), ``layer`` (index from ``layers.<i>``, else null), ``is_layer``
     (the label ends at ``layers.<i>``) and ``is_output`` (vLLM's output markers)."""
