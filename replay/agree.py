@@ -162,13 +162,25 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     a, v = median_of(ours), median_of(theirs)
     ratios: dict[str, dict[str, float | None]] = {
         m: {k: _ratio(a[m][k], v[m][k]) for k in a[m]} for m in METRICS}
+    # Paired: each agentload run against the vllm run right after it, then the median, so
+    # drift on a shared machine between runs cancels.
+    paired: dict[str, dict[str, float | None]] = {}
+    for m in METRICS:
+        paired[m] = {}
+        for k in a[m]:
+            rs = [x for x in (_ratio(o[m][k], t[m][k]) for o, t in zip(ours, theirs,
+                                                                        strict=True))
+                  if x is not None]
+            paired[m][k] = statistics.median(rs) if rs else None
     worst = max((abs(r - 1) for m in ("ttft", "tpot") for r in ratios[m].values()
                  if r is not None), default=None)
     medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "model": model},
-            "agentload": a, "vllm_bench": v, "ratio": ratios,
+            "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
+            "client_valid_runs": sum(not o["client"].get("saturation_reasons")
+                                     for o in ours),
             "agentload_runs": ours, "vllm_bench_runs": theirs,
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
             "medians_within_3pct": medians_within, "worst_deviation": worst}
@@ -186,18 +198,22 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
     c = r["config"]
     lines = [f"agreement on {c['model']}: {c['requests']} requests, ISL {c['input_len']}, OSL "
              f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs",
-             f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}"]
+             f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
     for m in METRICS:
         for q in QUANTILES:
             k = f"p{q}_ms"
             a, v, ratio = r["agentload"][m][k], r["vllm_bench"][m][k], r["ratio"][m][k]
+            pr = r["paired_ratio"][m][k]
             lines.append(f"  {m.upper() + ' P' + str(q):<10}"
                          f"{(f'{a:.2f} ms' if a is not None else 'n/a'):>12}"
                          f"{(f'{v:.2f} ms' if v is not None else 'n/a'):>12}"
-                         f"{(f'{ratio:.3f}' if ratio is not None else 'n/a'):>8}")
+                         f"{(f'{ratio:.3f}' if ratio is not None else 'n/a'):>8}"
+                         f"{(f'{pr:.3f}' if pr is not None else 'n/a'):>8}")
     lines.append("  TTFT = first token chunk - sent; TPOT = (last - first chunk) / (OSL - 1) "
                  "per request (agentload's ITL); ITL = per-chunk gaps")
     lines.append("  medians (TTFT, TPOT P50) within 3 %: "
-                 + ("yes" if r["medians_within_3pct"] else "NO"))
+                 + ("yes" if r["medians_within_3pct"] else "NO")
+                 + f"; agentload runs whose client diagnostics were clean: "
+                 f"{r['client_valid_runs']}/{c['runs']}")
     lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:160]}")
     return lines

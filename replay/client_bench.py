@@ -234,6 +234,8 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
             "--random-input-len", str(input_len or cfg.prompt_tokens),
             "--random-output-len", str(output_len or cfg.max_tokens),
             "--random-range-ratio", "0", "--ignore-eos",
+            # Greedy, like agentload's requests, so both tools ask for identical work.
+            "--temperature", "0",
             "--num-prompts", str(num_prompts or cfg.total_requests),
             "--max-concurrency", str(concurrency or cfg.streams),
             # Arrivals at the steady turnover rate (streams / request time), like
