@@ -41,6 +41,7 @@ from agentload.profiler.model import Profile, as_int
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
+VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +95,13 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     skey = (s_thr << time_bits) | s_start
     ekey = np.sort((r_thr << time_bits) | r_end)
     pos = np.arange(m, dtype=np.int64)
-    thr_base = s_thr << time_bits
-    first_s = np.searchsorted(skey, thr_base, "left")
-    first_e = np.searchsorted(ekey, thr_base, "left")
+    # Where each thread's starts and ends begin: one lookup per thread, not per event.
+    n_thr = int(max(r_thr.max(), p_thr.max() if n else 0)) + 1
+    thr_keys = np.arange(n_thr, dtype=np.int64) << time_bits
+    thr_first_s = np.searchsorted(skey, thr_keys, "left")
+    thr_first_e = np.searchsorted(ekey, thr_keys, "left")
+    first_s = thr_first_s[s_thr]
+    first_e = thr_first_e[s_thr]
     depth = (pos - first_s + 1) - (np.searchsorted(ekey, skey, "right") - first_e)
     depth = np.maximum(depth, 1)
 
@@ -133,10 +138,9 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
         known = p_thr >= 0
         pthr = np.where(known, p_thr, 0)
         pkey = (pthr << time_bits) | p_t0
-        base = pthr << time_bits
         starts_le = np.searchsorted(skey, pkey, "right")
-        open_ = (starts_le - np.searchsorted(skey, base, "left")) - (
-            np.searchsorted(ekey, pkey, "right") - np.searchsorted(ekey, base, "left"))
+        open_ = (starts_le - thr_first_s[pthr]) - (
+            np.searchsorted(ekey, pkey, "right") - thr_first_e[pthr])
         live = known & (open_ >= 1) & (open_ < (1 << depth_bits))
         idx = np.flatnonzero(live)
         cand = last_at(pthr[idx], open_[idx], starts_le[idx] - 1)
@@ -275,7 +279,7 @@ def attribute(profile: Profile) -> Attribution:
         via=pl.when(pl.col("g_tid").is_not_null()).then(pl.lit("graph-node"))
         .when(pl.col("tid").is_null()).then(pl.lit("none"))
         .when((pl.col("kind") != "graph") & pl.col("launch_name").is_in(graph_launch_ids))
-        .then(pl.lit("graph-launch")).otherwise(pl.lit("launch")),
+        .then(pl.lit("graph-launch")).otherwise(pl.lit("launch")).cast(VIA),
         tid=pl.coalesce("g_tid", "tid"),
         launch_start=pl.coalesce("g_start", "launch_start"),
         launch_end=pl.coalesce("g_end", "launch_end"),
