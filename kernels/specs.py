@@ -103,6 +103,8 @@ def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
         raise KernelsError(f"N {n} must be a multiple of outputs per block {o}")
     if t < 32 or t % 32 or rows * o > t:
         raise KernelsError(f"bad GEMV tile: threads {t}, rows {rows}, outputs per block {o}")
+    if fuse_norm and rows * o > 32:
+        raise KernelsError(f"the fused norm needs rows * outputs per block <= 32, got {rows * o}")
     return _spec("gemv", k=k, n=n, m=rows, t=t, opb=o, res=residual, norm=fuse_norm)
 
 
