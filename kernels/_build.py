@@ -41,7 +41,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "add_rmsnorm":
         h, s = int(g("h")), int(g("s"))
         m = cute.sym_int()
-        fn = _cute.AddRMSNorm(h, s, int(g("t")))
+        fn = _cute.AddRMSNorm(h, s, int(g("t")), bool(g("pdl", False)))
         return fn, (_t(BFloat16, (m, s, h)), _t(BFloat16, (m, h)), _t(BFloat16, (1, h)),
                     _t(BFloat16, (m, h)), _t(BFloat16, (m, h)), Float32(1e-6), stream)
     if spec.kind == "silu_mul":
@@ -52,7 +52,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "gemv":
         k, n, m = int(g("k")), int(g("n")), int(g("m"))
         res, norm = bool(g("res")), bool(g("norm"))
-        fn = _cute.Gemv(k, m, int(g("t")), int(g("opb")), res, norm)
+        fn = _cute.Gemv(k, m, int(g("t")), int(g("opb")), res, norm, bool(g("pdl", False)))
         small = (1, 8)
         # x may be a row slice of a wider tensor (v of qkv): dynamic row stride, 16 B aligned.
         x = make_fake_tensor(BFloat16, (m, k), (cute.sym_int(divisibility=8), 1),
@@ -66,7 +66,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         k, n, e = int(g("k")), int(g("n")), int(g("e"))
         silu = bool(g("silu"))
         rx, r = cute.sym_int(), cute.sym_int()
-        fn = _cute.GroupedGemv(k, int(g("t")), int(g("opb")), int(g("div")), silu)
+        fn = _cute.GroupedGemv(k, int(g("t")), int(g("opb")), int(g("div")), silu,
+                               bool(g("pdl", False)))
         return fn, (_t(BFloat16, (rx, k)), _t(BFloat16, (e, n, k)), _t(Int32, (r,)),
                     _t(Float32, (r,)), _t(BFloat16, (r, n // 2 if silu else n)), stream)
     if spec.kind == "router":
@@ -74,7 +75,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         slots = k + 1 if g("shared") else k
         m = cute.sym_int()
         fn = _cute.Router(h, e, k, int(g("g")), int(g("tg")), float(g("scale")),
-                          bool(g("shared")))
+                          bool(g("shared")), bool(g("pdl", False)))
         return fn, (_t(BFloat16, (m, h)), _t(BFloat16, (e, h)), _t(Float32, (e,)),
                     _t(Float32, (m, e)), _t(Int32, (m, slots)), _t(Float32, (m, slots)), stream)
     raise KernelsError(f"unknown kernel kind {spec.kind!r}")

@@ -57,8 +57,8 @@ class AddRMSNorm:
     MoE combine (sum of routed + shared expert outputs) into the same pass.
     """
 
-    def __init__(self, hidden: int, slots: int, threads: int) -> None:
-        self.H, self.S, self.T = hidden, slots, threads
+    def __init__(self, hidden: int, slots: int, threads: int, pdl: bool = False) -> None:
+        self.H, self.S, self.T, self.pdl = hidden, slots, threads, pdl
         self.NV = hidden // (threads * V)
         self.W = threads // 32
 
@@ -66,7 +66,7 @@ class AddRMSNorm:
     def __call__(self, mX, mR, mW, mO, mRO, eps: Float32, stream):
         m = mR.shape[0]
         self.kernel(mX, mR, mW, mO, mRO, eps).launch(
-            grid=[m, 1, 1], block=[self.T, 1, 1], stream=stream)
+            grid=[m, 1, 1], block=[self.T, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
@@ -81,6 +81,12 @@ class AddRMSNorm:
         xrs = []
         wrs = []
         for i in cutlass.range_constexpr(self.NV):
+            wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(atom, _row_vec(mW, 0, i * T + tidx), wr)
+            wrs.append(wr)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # weights above; activations after this line
+        for i in cutlass.range_constexpr(self.NV):
             col = i * T + tidx
             rr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
             cute.copy(atom, _row_vec(mR, row, col), rr)
@@ -89,9 +95,8 @@ class AddRMSNorm:
                 xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                 cute.copy(atom, cute.local_tile(mX, (1, 1, V), (row, s, col))[0, 0, None], xr)
                 xrs.append(xr)
-            wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-            cute.copy(atom, _row_vec(mW, 0, col), wr)
-            wrs.append(wr)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         vals = []
         hbs = []
         ss = Float32(0.0)
@@ -159,8 +164,8 @@ class Gemv:
     """
 
     def __init__(self, k: int, rows: int, threads: int, opb: int, residual: bool,
-                 fuse_norm: bool = False) -> None:
-        self.K, self.M, self.T, self.OPB = k, rows, threads, opb
+                 fuse_norm: bool = False, pdl: bool = False) -> None:
+        self.K, self.M, self.T, self.OPB, self.pdl = k, rows, threads, opb, pdl
         self.residual, self.fuse_norm = residual, fuse_norm
         self.NKT = k // (threads * V)
         self.W = threads // 32
@@ -171,7 +176,7 @@ class Gemv:
         smem = self.M * self.OPB * self.W * 4 + 64
         self.kernel(mX, mW, mR, mY, mNW, mNO, mWs, mCnt, eps).launch(
             grid=[n // self.OPB, 1, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
-            min_blocks_per_mp=1)
+            min_blocks_per_mp=1, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
@@ -191,13 +196,24 @@ class Gemv:
         acc = cute.make_rmem_tensor(cute.make_layout((M, OPB), stride=(OPB, 1)), Float32)
         acc.fill(0.0)
         n0 = bid * OPB
+        pre = []
+        if cutlass.const_expr(self.pdl):
+            # PDL: stream the first weight tile while the previous kernel drains.
+            for j in cutlass.range_constexpr(OPB):
+                wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_w, _row_vec(mW, n0 + j, tidx), wr)
+                pre.append(wr)
+            cute.arch.griddepcontrol_wait()
         for kt in cutlass.range_constexpr(self.NKT):
             col = kt * T + tidx
             wv = []
-            for j in cutlass.range_constexpr(OPB):
-                wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                cute.copy(ld_w, _row_vec(mW, n0 + j, col), wr)
-                wv.append(wr)
+            if cutlass.const_expr(self.pdl and kt == 0):
+                wv = pre
+            else:
+                for j in cutlass.range_constexpr(OPB):
+                    wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    cute.copy(ld_w, _row_vec(mW, n0 + j, col), wr)
+                    wv.append(wr)
             xv = []
             for m in cutlass.range_constexpr(M):
                 xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
@@ -217,6 +233,8 @@ class Gemv:
                     for v in cutlass.range_constexpr(V):
                         a = a + wf[v] * xf[m][v]
                     acc[m, j] = a
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         for m in cutlass.range_constexpr(M):
             for j in cutlass.range_constexpr(OPB):
                 acc[m, j] = cute.arch.warp_reduction_sum(acc[m, j])
@@ -306,8 +324,10 @@ class GroupedGemv:
     gate/up projection and its activation in one launch.
     """
 
-    def __init__(self, k: int, threads: int, opb: int, div: int, silu: bool) -> None:
+    def __init__(self, k: int, threads: int, opb: int, div: int, silu: bool,
+                 pdl: bool = False) -> None:
         self.K, self.T, self.OPB, self.DIV, self.SILU = k, threads, opb, div, silu
+        self.pdl = pdl
         self.NKT = k // (threads * V)
         self.W = threads // 32
 
@@ -318,7 +338,7 @@ class GroupedGemv:
         smem = 2 * self.OPB * self.W * 4 + 64
         self.kernel(mX, mW, mIds, mScale, mY).launch(
             grid=[n_out // self.OPB, r, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
-            min_blocks_per_mp=1)
+            min_blocks_per_mp=1, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mIds: cute.Tensor, mScale: cute.Tensor,
@@ -333,6 +353,8 @@ class GroupedGemv:
         NR: cutlass.Constexpr = 2 * self.OPB if self.SILU else self.OPB
         ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
         ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # ids and x come from the kernels before
         e = mIds[r]
         src = r // self.DIV
         half = mW.shape[1] // 2
@@ -361,6 +383,8 @@ class GroupedGemv:
                 for v in cutlass.range_constexpr(V):
                     a = a + wf[v] * xf[v]
                 acc[j] = a
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         for j in cutlass.range_constexpr(NR):
             acc[j] = cute.arch.warp_reduction_sum(acc[j])
         smem = cutlass.utils.SmemAllocator()
@@ -393,8 +417,9 @@ class Router:
     """
 
     def __init__(self, hidden: int, experts: int, k: int, groups: int, topk_group: int,
-                 scale: float, shared: bool) -> None:
+                 scale: float, shared: bool, pdl: bool = False) -> None:
         self.H, self.E, self.K, self.G, self.TG = hidden, experts, k, groups, topk_group
+        self.pdl = pdl
         self.scale, self.shared = scale, shared
         self.T = 256
         self.NW = self.T // 32
@@ -404,7 +429,8 @@ class Router:
     def __call__(self, mX, mWr, mBias, mLogits, mIds, mWts, stream):
         m = mX.shape[0]
         self.kernel(mX, mWr, mBias, mLogits, mIds, mWts).launch(
-            grid=[m, 1, 1], block=[self.T, 1, 1], smem=4 * (2 * self.E + 64), stream=stream)
+            grid=[m, 1, 1], block=[self.T, 1, 1], smem=4 * (2 * self.E + 64), stream=stream,
+            use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mWr: cute.Tensor, mBias: cute.Tensor,
@@ -419,6 +445,8 @@ class Router:
         smem = cutlass.utils.SmemAllocator()
         score = smem.allocate_tensor(Float32, cute.make_layout((E,)), byte_alignment=16)
         sel = smem.allocate_tensor(Float32, cute.make_layout((E,)), byte_alignment=16)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
         xv = []
         for h in cutlass.range_constexpr(self.NH):
             xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
@@ -439,6 +467,8 @@ class Router:
                     s = 1.0 / (1.0 + cute.math.exp(-d))
                     score[e] = s
                     sel[e] = s + mBias[e]
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         cute.arch.sync_threads()
         if tidx == 0:
             self.select(score, sel, mIds, mWts, row)

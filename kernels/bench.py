@@ -472,6 +472,8 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
             bench_router(rep, cfg, b)
             if b <= 16:
                 bench_oproj(rep, cfg, b)
+        # Where add+RMSNorm has enough bytes to leave launch latency behind (scaling row).
+        bench_norm(rep, 7168, 512)
     if not ops_only:
         layers = bench_layers(rep, cfg, batches, depth)
         if trace_dir is not None:

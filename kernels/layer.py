@@ -60,6 +60,7 @@ class MoELayer:
                  index: int = 0, dtype: torch.dtype = _BF16) -> None:
         self.cfg, self.index = cfg, index
         self.last_ids: torch.Tensor | None = None  #: routed ids of the last call (checks)
+        self.pdl = True  #: fused path at <= 16 rows: programmatic dependent launches
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
 
@@ -96,25 +97,31 @@ class MoELayer:
         cfg = self.cfg
         m = residual.shape[0]
         with layer_range(f"layer{self.index}.fused"):
-            xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
             if m <= GEMV_MAX_ROWS:
-                qkv = ops.gemv(xn, self.wqkv)
+                # Six launches, each a PDL dependent of the one before (see ops).
+                p = self.pdl
+                xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, pdl=p)
+                qkv = ops.gemv(xn, self.wqkv, pdl=p)
                 h, hn = ops.oproj_residual_rmsnorm(qkv[:, 2 * cfg.hidden:], self.wo, h0,
-                                                   self.w_post, cfg.eps)
-            else:
-                qkv = xn @ self.wqkv.T
-                o = qkv[:, 2 * cfg.hidden:] @ self.wo.T
-                hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
+                                                   self.w_post, cfg.eps, pdl=p)
+                _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
+                                             groups=cfg.groups, topk_group=cfg.topk_group,
+                                             scale=cfg.routed_scale, shared=True, pdl=p)
+                self.last_ids = ids
+                flat_ids, flat_w = ids.view(-1), wts.view(-1)
+                act = ops.grouped_gemv(hn, self.w_gu, flat_ids, flat_w, silu=True,
+                                       div=cfg.slots, pdl=p)
+                y = ops.grouped_gemv(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
+                                     pdl=p)
+                return y.view(m, cfg.slots, cfg.hidden), h
+            xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
+            qkv = xn @ self.wqkv.T
+            o = qkv[:, 2 * cfg.hidden:] @ self.wo.T
+            hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
             _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
                                          groups=cfg.groups, topk_group=cfg.topk_group,
                                          scale=cfg.routed_scale, shared=True)
             self.last_ids = ids
-            if m <= GEMV_MAX_ROWS:
-                flat_ids, flat_w = ids.view(-1), wts.view(-1)
-                act = ops.grouped_gemv(hn, self.w_gu, flat_ids, flat_w, silu=True,
-                                       div=cfg.slots)
-                y = ops.grouped_gemv(act, self.w_down, flat_ids, flat_w, silu=False, div=1)
-                return y.view(m, cfg.slots, cfg.hidden), h
             return self._experts_dense_fused(hn, ids, wts), h
 
     def _experts_dense_fused(self, hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor

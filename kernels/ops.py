@@ -5,6 +5,9 @@ argument (so a wrong shape never reaches the GPU), then looks up the compiled va
 the cache (``_cache.get``: compiled once per process, loaded from disk when exported
 before) and launches it on torch's current stream, CUDA-graph capture included.
 Outputs may be passed in (``out=``) so the benchmarks and graphs reuse buffers.
+``pdl=True`` picks the programmatic-dependent-launch variant: it starts while the previous
+kernel drains, streams its first weights, and waits (``griddepcontrol.wait``) only before
+reading activations; use it when the previous kernel on the stream is one of these.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def _scratch(kind: str, device: torch.device, dtype: torch.dtype, n: int) -> tor
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                 eps: float = 1e-6, *, out: torch.Tensor | None = None,
-                residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                residual_out: torch.Tensor | None = None, pdl: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x`` (``x`` ``[M, H]``, or ``[M, S, H]`` summed over S), then
     ``rmsnorm(h) * weight``. One kernel. Returns ``(normed, h)``, both ``[M, H]`` bf16."""
     _check(residual, "residual", _BF16, (None, None))
@@ -72,7 +76,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     x3 = x.unsqueeze(1) if isinstance(x, torch.Tensor) and x.dim() == 2 else x
     _check(x3, "x", _BF16, (m, None, h))
     _check(weight, "weight", _BF16, (h,))
-    spec = add_rmsnorm_spec(h, x3.shape[1])
+    spec = add_rmsnorm_spec(h, x3.shape[1], pdl=pdl)
     o = _out(out, "out", _BF16, (m, h), residual)
     ro = _out(residual_out, "residual_out", _BF16, (m, h), residual)
     _cache.get(spec)(x3, residual, weight.view(1, h), o, ro, float(eps))
@@ -98,7 +102,7 @@ def _dummies(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None, *,
          out: torch.Tensor | None = None, opb: int | None = None,
-         threads: int | None = None) -> torch.Tensor:
+         threads: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``x @ w.T (+ residual)`` for ``x`` ``[M <= 16, K]`` (rows may be strided) and ``w``
     ``[N, K]`` bf16; one kernel, weights streamed once. Returns ``[M, N]`` bf16."""
     _check(x, "x", _BF16, (None, None), row_stride_ok=True)
@@ -107,7 +111,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
     n = w.shape[0]
     if residual is not None:
         _check(residual, "residual", _BF16, (m, n))
-    spec = gemv_spec(k, n, m, residual=residual is not None, opb=opb, threads=threads)
+    spec = gemv_spec(k, n, m, residual=residual is not None, opb=opb, threads=threads,
+                     pdl=pdl)
     y = _out(out, "out", _BF16, (m, n), x)
     small, f1 = _dummies(x.device)
     cnt = _scratch("cnt", x.device, torch.int32, 1)
@@ -119,7 +124,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
 def oproj_residual_rmsnorm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
                            norm_weight: torch.Tensor, eps: float = 1e-6, *,
                            h_out: torch.Tensor | None = None,
-                           normed_out: torch.Tensor | None = None
+                           normed_out: torch.Tensor | None = None, pdl: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op-boundary chain in one kernel: ``h = residual + x @ w.T``, then
     ``rmsnorm(h) * norm_weight``. Returns ``(h, normed)``.
@@ -134,7 +139,7 @@ def oproj_residual_rmsnorm(x: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     n = w.shape[0]
     _check(residual, "residual", _BF16, (m, n))
     _check(norm_weight, "norm_weight", _BF16, (n,))
-    spec = gemv_spec(k, n, m, residual=True, fuse_norm=True)
+    spec = gemv_spec(k, n, m, residual=True, fuse_norm=True, pdl=pdl)
     h = _out(h_out, "h_out", _BF16, (m, n), x)
     normed = _out(normed_out, "normed_out", _BF16, (m, n), x)
     ws = _scratch(f"sumsq{m}", x.device, torch.float32, m)
@@ -144,7 +149,8 @@ def oproj_residual_rmsnorm(x: torch.Tensor, w: torch.Tensor, residual: torch.Ten
 
 
 def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
-                 *, silu: bool, div: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                 *, silu: bool, div: int, out: torch.Tensor | None = None,
+                 pdl: bool = False) -> torch.Tensor:
     """Expert rows: ``y[r] = x[r // div] @ w[ids[r]].T``; with ``silu`` (``w`` ``[E, 2I, K]``)
     ``y[r] = silu(gate) * up`` (``[R, I]``), else ``y[r] *= scale[r]`` (``[R, N]``)."""
     _check(x, "x", _BF16, (None, None))
@@ -156,7 +162,7 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
     _check(scale, "scale", torch.float32, (r,))
     if x.shape[0] * div < r:
         raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
-    spec = grouped_gemv_spec(k, n, e, div=div, silu=silu)
+    spec = grouped_gemv_spec(k, n, e, div=div, silu=silu, pdl=pdl)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
     _cache.get(spec)(x, w, ids, scale, y)
     return y
@@ -165,7 +171,7 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
 def moe_router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, *, topk: int,
                groups: int, topk_group: int, scale: float = 1.0, shared: bool = False,
                logits: torch.Tensor | None = None, ids: torch.Tensor | None = None,
-               weights: torch.Tensor | None = None
+               weights: torch.Tensor | None = None, pdl: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router logits -> sigmoid -> grouped top-k -> normalized weights in one kernel.
 
@@ -177,7 +183,7 @@ def moe_router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, *, topk: i
     _check(wr, "wr", _BF16, (None, h))
     e = wr.shape[0]
     _check(bias, "bias", torch.float32, (e,))
-    spec = router_spec(h, e, topk, groups, topk_group, scale, shared)
+    spec = router_spec(h, e, topk, groups, topk_group, scale, shared, pdl=pdl)
     s = topk + 1 if shared else topk
     lg = _out(logits, "logits", torch.float32, (m, e), x)
     ii = _out(ids, "ids", torch.int32, (m, s), x)

@@ -60,11 +60,16 @@ class LayerConfig:
                router_spec(h, self.experts, self.topk, self.groups, self.topk_group,
                            self.routed_scale, shared=True)]
         if batch <= GEMV_MAX_ROWS:
-            out += [gemv_spec(h, self.qkv_out, batch),
-                    gemv_spec(h, h, batch, residual=True, fuse_norm=True),
-                    grouped_gemv_spec(h, 2 * self.inter, self.experts + 1, div=self.slots,
-                                      silu=True),
-                    grouped_gemv_spec(self.inter, h, self.experts + 1, div=1, silu=False)]
+            for pdl in (False, True):  # plain (op tests) and PDL (the fused layer)
+                out += [add_rmsnorm_spec(h, self.slots, pdl=pdl),
+                        router_spec(h, self.experts, self.topk, self.groups,
+                                    self.topk_group, self.routed_scale, shared=True, pdl=pdl),
+                        gemv_spec(h, self.qkv_out, batch, pdl=pdl),
+                        gemv_spec(h, h, batch, residual=True, fuse_norm=True, pdl=pdl),
+                        grouped_gemv_spec(h, 2 * self.inter, self.experts + 1,
+                                          div=self.slots, silu=True, pdl=pdl),
+                        grouped_gemv_spec(self.inter, h, self.experts + 1, div=1, silu=False,
+                                          pdl=pdl)]
         else:
             out.append(silu_mul_spec(self.inter))
         return out

@@ -28,11 +28,13 @@ class KernelSpec:
     kind: Kind
     params: tuple[tuple[str, int | float | bool], ...]
 
-    def get(self, name: str) -> int | float | bool:
+    def get(self, name: str, default: int | float | bool | None = None) -> int | float | bool:
         for key, value in self.params:
             if key == name:
                 return value
-        raise KeyError(name)
+        if default is None:
+            raise KeyError(name)
+        return default
 
     def key(self) -> str:
         """File-name-safe cache key, e.g. ``gemv-k2048-n3072-m1-t128-opb4-res0-norm0``."""
@@ -45,8 +47,11 @@ class KernelSpec:
         return "-".join(parts)
 
 
-def _spec(kind: Kind, **params: int | float | bool) -> KernelSpec:
-    return KernelSpec(kind, tuple(params.items()))
+def _spec(kind: Kind, pdl: bool = False, **params: int | float | bool) -> KernelSpec:
+    # ``pdl`` (programmatic dependent launch) joins the key only when on, so the keys of
+    # the plain variants stay what they were.
+    items = tuple(params.items()) + ((("pdl", True),) if pdl else ())
+    return KernelSpec(kind, items)
 
 
 def _threads_for(length: int, candidates: tuple[int, ...]) -> int:
@@ -67,7 +72,7 @@ def check_dims(name: str, shape: tuple[int, ...], want: tuple[int | None, ...]) 
         raise KernelsError(f"{name} has shape {list(shape)}, expected {pretty}")
 
 
-def add_rmsnorm_spec(hidden: int, slots: int = 1) -> KernelSpec:
+def add_rmsnorm_spec(hidden: int, slots: int = 1, *, pdl: bool = False) -> KernelSpec:
     """Fused residual add (+ sum of ``slots`` inputs) and RMSNorm over ``hidden``."""
     if slots < 1 or slots > 16:
         raise KernelsError(f"slots must be 1..16, got {slots}")
@@ -79,7 +84,7 @@ def add_rmsnorm_spec(hidden: int, slots: int = 1) -> KernelSpec:
     if not options:
         raise KernelsError(f"hidden {hidden} / 8 must be divisible by a multiple of 32")
     threads = min(options, key=lambda t: (abs(vecs // t - 2), -t))
-    return _spec("add_rmsnorm", h=hidden, s=slots, t=threads)
+    return _spec("add_rmsnorm", pdl, h=hidden, s=slots, t=threads)
 
 
 def silu_mul_spec(inter: int) -> KernelSpec:
@@ -91,7 +96,7 @@ def silu_mul_spec(inter: int) -> KernelSpec:
 
 def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
               fuse_norm: bool = False, opb: int | None = None,
-              threads: int | None = None) -> KernelSpec:
+              threads: int | None = None, pdl: bool = False) -> KernelSpec:
     """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm."""
     if not 1 <= rows <= GEMV_MAX_ROWS:
         raise KernelsError(f"GEMV handles 1..{GEMV_MAX_ROWS} rows, got {rows}")
@@ -105,11 +110,11 @@ def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
         raise KernelsError(f"bad GEMV tile: threads {t}, rows {rows}, outputs per block {o}")
     if fuse_norm and rows * o > 32:
         raise KernelsError(f"the fused norm needs rows * outputs per block <= 32, got {rows * o}")
-    return _spec("gemv", k=k, n=n, m=rows, t=t, opb=o, res=residual, norm=fuse_norm)
+    return _spec("gemv", pdl, k=k, n=n, m=rows, t=t, opb=o, res=residual, norm=fuse_norm)
 
 
 def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,
-                      opb: int = 4) -> KernelSpec:
+                      opb: int = 4, pdl: bool = False) -> KernelSpec:
     """Expert GEMV over (token, slot) rows; ``silu`` fuses SiLU-and-mul (``n`` = 2 * I)."""
     t = _threads_for(k, (128, 64, 256, 32))
     n_out = n // 2 if silu else n
@@ -117,11 +122,11 @@ def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,
         raise KernelsError(f"gate/up width {n} must be even")
     if n_out % opb:
         raise KernelsError(f"output width {n_out} must be a multiple of {opb}")
-    return _spec("grouped_gemv", k=k, n=n, e=experts, t=t, opb=opb, div=div, silu=silu)
+    return _spec("grouped_gemv", pdl, k=k, n=n, e=experts, t=t, opb=opb, div=div, silu=silu)
 
 
 def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: int,
-                scale: float, shared: bool) -> KernelSpec:
+                scale: float, shared: bool, *, pdl: bool = False) -> KernelSpec:
     """Router logits -> sigmoid -> grouped top-k -> normalized weights, one kernel."""
     if experts > ROUTER_MAX_EXPERTS:
         raise KernelsError(f"router kernel handles <= {ROUTER_MAX_EXPERTS} experts, "
@@ -134,5 +139,5 @@ def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: i
         raise KernelsError(f"top-k {topk} exceeds the experts in {topk_group} groups")
     if hidden % (32 * VEC):
         raise KernelsError(f"router hidden {hidden} must be a multiple of {32 * VEC}")
-    return _spec("router", h=hidden, e=experts, k=topk, g=groups, tg=topk_group,
+    return _spec("router", pdl, h=hidden, e=experts, k=topk, g=groups, tg=topk_group,
                  scale=float(scale), shared=shared)
