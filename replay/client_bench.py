@@ -135,6 +135,25 @@ def window_rate(times_ns: np.ndarray, first_ns: int, last_ns: int) -> float:
     return inside / max((b - a) / 1e9, 1e-9)
 
 
+def host_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole host from /proc/stat, for other tenants' load."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """Cores the whole host kept busy between two ``host_busy`` samples."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0:
+        return None
+    return busy / total * (os.cpu_count() or 1)
+
+
 def merge(results: list[ShardResult]) -> dict[str, Any]:
     """The shards' raw samples concatenated, and the figures computed from them exactly."""
     def cat(name: str) -> np.ndarray:
@@ -198,6 +217,24 @@ def merge(results: list[ShardResult]) -> dict[str, Any]:
 
 
 def run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
+    before, t0 = host_busy(), time.perf_counter()
+    out = _run_agentload(url, cfg)
+    host = busy_cores(before, host_busy())
+    out["host_busy_cores"] = host
+    out["host_load_avg"] = os.getloadavg()
+    from agentload.replay.diagnostics import saturation_reasons
+    wall = time.perf_counter() - t0
+    out["saturation_reasons"] = saturation_reasons({
+        "cpu_cores": None,  # several workers: judged per event below, not per core
+        "multi_event_read_share": out["multi_event_read_share"],
+        "loop_lag_p99_s": (out["loop_lag"]["p99_ms"] or 0) / 1e3,
+        "stamp_error_p99_s": ((out["timestamp_error"].get("python_minus_kernel") or {})
+                              .get("p99_ms") or 0) / 1e3})
+    out["wall_s"] = wall
+    return out
+
+
+def _run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
     lanes = split(cfg.streams, cfg.workers)
     requests = split(cfg.total_requests, cfg.workers)
     specs = [ShardSpec(i, cfg.workers, url, lanes[i], requests[i], max_tokens=cfg.max_tokens,
@@ -314,8 +351,11 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         if cfg.vllm_bench:
             from agentload.replay.tiny_model import ensure_tiny_model
             note("vllm bench serve against the same emulator ...")
+            before = host_busy()
             vllm = run_vllm_bench(url, cfg, workdir, ensure_tiny_model(),
                                   request_rate=cfg.streams / cfg.request_s())
+            vllm["host_busy_cores"] = busy_cores(before, host_busy())
+            vllm["host_load_avg"] = os.getloadavg()
             if vllm.get("ran"):
                 vllm["emulator"] = emulator_stats(url, reset=True)
             for key in ("ttfts_s", "itls_s", "output_lens"):
@@ -329,6 +369,8 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
     invalid = [f"{who}: emulator {s['verdict']}" for who, s in
                (("agentload", agent["emulator"]), ("vllm bench", vllm.get("emulator") or {}))
                if s.get("saturated")]
+    # agentload's own error budget: a client that fell behind says so (diagnostics.py).
+    invalid += [f"agentload: {reason}" for reason in agent["saturation_reasons"]]
     return {
         "config": {"streams": cfg.streams, "requests": cfg.total_requests,
                    "max_tokens": cfg.max_tokens, "workers": cfg.workers,
@@ -393,6 +435,9 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         f"  schedule lag                    p99 {f(a['schedule_lag']['p99_ms'], '.3f')} ms",
         f"  GC                              {a['gc_collections']} collections, max pause "
         f"{a['gc_max_pause_ms']:.2f} ms",
+        f"  host busy cores (all tenants)   agentload run {f(a.get('host_busy_cores'), '.2f')}"
+        f", vllm run {f(v.get('host_busy_cores'), '.2f')}; load average "
+        f"{', '.join(f'{x:.1f}' for x in a.get('host_load_avg') or ())}",
         f"  emulator CPU                    agentload run max "
         f"{f(a['emulator'].get('cpu_max'), '.0%')}, vllm run max "
         f"{f((v.get('emulator') or {}).get('cpu_max'), '.0%')}; step lag p99 "
