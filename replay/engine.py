@@ -163,7 +163,8 @@ class ReplayEngine:
         # The dashboard's view of the run: fed below, published by run.py (never awaited).
         self.live = LiveBoard(Header(target.label, trace.name, target.gpus,
                                      len(trace.sessions) if options.open_loop else options.users,
-                                     self.total_requests, options.duration_s))
+                                     self.total_requests, options.duration_s,
+                                     recycle=options.recycle))
 
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""

@@ -107,6 +107,8 @@ class Header:
     duration_s: float | None
     mode: Literal["live", "playback"] = "live"
     run_dir: str | None = None
+    recycle: bool = False
+    """Lanes recycle through sessions (--recycle); else each plays its share once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,9 +543,12 @@ class LiveBoard:
         if warmup_requests:
             self._warming.add(lane)
             self._warmup_seen = True
-        if play:
+        if play and self.header.recycle:
             self.event(t_ns, "recycle", f"lane {lane} recycles into session {session_id} "
                        f"(play {play})")
+        elif play:
+            self.event(t_ns, "session", f"lane {lane} starts session {session_id} "
+                       f"(its session {play + 1})")
 
     def transition(self, t_ns: int, lane: int, request_id: str, agent_kind: str,
                    state: RequestState, phase: str = "measure") -> None:
@@ -862,7 +867,8 @@ def header_from_run(meta: dict[str, Any], run_dir: Path | None = None,
                   trace=str(trace.get("name") or trace.get("path") or "?"),
                   gpus=int(target.get("gpus") or 1), users=users, requests_total=total,
                   duration_s=options.get("duration_s"), mode=mode,
-                  run_dir=None if run_dir is None else str(run_dir))
+                  run_dir=None if run_dir is None else str(run_dir),
+                  recycle=bool(options.get("recycle")))
 
 
 _Item = tuple[int, int, str, Any]  # (t_ns, order, kind, payload)

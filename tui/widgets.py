@@ -98,18 +98,24 @@ class HeaderBar(TextPanel):
         total = h.requests_total
         bottom = Text(no_wrap=True, overflow="ellipsis")
         bottom.append(f" requests {done}/{total or '?'} ")
-        width = 20
-        filled = round(width * done / total) if total else 0
-        bottom.append("━" * min(width, filled), "green")
-        bottom.append("━" * max(0, width - filled), "grey30")
-        pct = f" {100 * done / total:3.0f}%" if total else ""
-        bottom.append(f"{pct} │ in flight {t.in_flight} │ active {t.users_active}/"
-                      f"{h.users} │ weighting ")
-        bottom.append(weighting, "bold cyan")
-        if snap.note:
-            bottom.append(f" │ {snap.note}", "italic")
-        elif snap.stop_reason:
-            bottom.append(f" │ {snap.stop_reason}", "italic")
+        if snap.finished and snap.note:
+            # Where the run went is what matters now; it replaces the progress bar.
+            bottom.append("│ ")
+            bottom.append(snap.note, "italic")
+            bottom.append(" │ q leaves", "bold")
+        else:
+            width = 20
+            filled = round(width * done / total) if total else 0
+            bottom.append("━" * min(width, filled), "green")
+            bottom.append("━" * max(0, width - filled), "grey30")
+            pct = f" {100 * done / total:3.0f}%" if total else ""
+            bottom.append(f"{pct} │ in flight {t.in_flight} │ active {t.users_active}/"
+                          f"{h.users} │ weighting ")
+            bottom.append(weighting, "bold cyan")
+            if snap.note:
+                bottom.append(f" │ {snap.note}", "italic")
+            elif snap.stop_reason:
+                bottom.append(f" │ {snap.stop_reason}", "italic")
         self.set_text(Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom]))
 
 
