@@ -67,3 +67,8 @@ def test_help_screen(snap_compare: SnapCompare, app_for: Callable[..., Dashboard
 def test_confirm_stop_on_a_live_run(snap_compare: SnapCompare,
                                     app_for: Callable[..., DashboardApp]) -> None:
     assert snap_compare(app_for(live=True), press=["q"], terminal_size=(100, 30))
+
+
+def test_stopping_a_live_run(snap_compare: SnapCompare,
+                             app_for: Callable[..., DashboardApp]) -> None:
+    assert snap_compare(app_for(live=True), press=["q", "y"], terminal_size=(100, 30))

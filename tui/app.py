@@ -51,10 +51,14 @@ HeaderBar {
     dock: top;
     height: 2;
     background: $panel;
+    text-wrap: nowrap;
+    text-overflow: ellipsis;
 }
 
 Headline {
     height: 3;
+    text-wrap: nowrap;
+    text-overflow: clip;
     border-bottom: none;
 }
 
@@ -189,7 +193,7 @@ class ConfirmStop(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         yield Vertical(Static(
             "[b]Stop the replay?[/b]\n\nNothing more is sent; requests in flight finish, "
-            "then the run is finalized\n(summary, Parquet tables, report) — nothing "
+            "then the run is finalized (summary, Parquet tables, report): nothing "
             "recorded is lost.\n\n  [b]y[/b] stop the run    [b]n[/b] keep it running",
             classes="info-text"), classes="info-box confirm-box")
 

@@ -104,11 +104,16 @@ class HeaderBar(TextPanel):
             bottom.append(snap.note, "italic")
             bottom.append(" │ q leaves", "bold")
         else:
+            # Progress by requests, or by time when the run is bounded by --duration only.
+            frac = (done / total if total else snap.elapsed_s / h.duration_s
+                    if h.duration_s else None)
             width = 20
-            filled = round(width * done / total) if total else 0
+            filled = round(width * min(1.0, frac)) if frac is not None else 0
             bottom.append("━" * min(width, filled), "green")
             bottom.append("━" * max(0, width - filled), "grey30")
-            pct = f" {100 * done / total:3.0f}%" if total else ""
+            pct = f" {100 * min(1.0, frac):3.0f}%" if frac is not None else ""
+            if not total and frac is not None:
+                pct += " of the time"
             bottom.append(f"{pct} │ in flight {t.in_flight} │ active {t.users_active}/"
                           f"{h.users} │ weighting ")
             bottom.append(weighting, "bold cyan")
