@@ -203,22 +203,25 @@ def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFr
     """
     n = ops.height
     procs = np.unique(launches["proc"].to_numpy()) if launches.height else np.zeros(0, np.uint64)
-    l_proc = np.searchsorted(procs, launches["proc"].to_numpy()).astype(np.int64)
-    l_corr = launches["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    l_proc = np.searchsorted(procs, launches["proc"].to_numpy()).astype(np.int64, copy=False)
+    l_corr = launches["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     o_proc_raw = ops["proc"].to_numpy()
-    o_proc = np.searchsorted(procs, o_proc_raw).astype(np.int64)
+    o_proc = np.searchsorted(procs, o_proc_raw).astype(np.int64, copy=False)
     o_known = (o_proc < len(procs))
     o_known &= procs[np.minimum(o_proc, max(len(procs) - 1, 0))] == o_proc_raw if len(procs) \
         else np.zeros(n, bool)
-    o_corr = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    o_corr = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     idx = np.full(n, -1, np.int64)
     dup = 0
     if launches.height:
         valid = l_corr >= 0
+        # Per process correlation range (a handful of processes: a group_by, not ufunc.at).
+        bounds = pl.DataFrame({"p": l_proc[valid], "c": l_corr[valid]}).group_by("p").agg(
+            lo=pl.col("c").min(), hi=pl.col("c").max())
         lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
         hi = np.full(len(procs), -1, np.int64)
-        np.minimum.at(lo, l_proc[valid], l_corr[valid])
-        np.maximum.at(hi, l_proc[valid], l_corr[valid])
+        lo[bounds["p"].to_numpy()] = bounds["lo"].to_numpy()
+        hi[bounds["p"].to_numpy()] = bounds["hi"].to_numpy()
         size = np.maximum(hi - lo + 1, 0)
         base = np.cumsum(size) - size
         total = int(size.sum())
@@ -227,7 +230,7 @@ def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFr
             pos = base[l_proc[valid]] + l_corr[valid] - lo[l_proc[valid]]
             rows = np.flatnonzero(valid)
             table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
-            dup = int(len(pos) - np.count_nonzero(np.bincount(pos, minlength=total)))
+            dup = int(len(pos) - np.count_nonzero(table >= 0))
             pc = np.where(o_known, o_proc, 0)
             opos = base[pc] + o_corr - lo[pc]
             ok = o_known & (o_corr >= lo[pc]) & (o_corr <= hi[pc])
@@ -303,12 +306,12 @@ def attribute(profile: Profile) -> Attribution:
         base = min(as_int(usable["start"].min()), as_int(ops["launch_start"].min()))
         threads = np.unique(usable["tid"].to_numpy())
         p_tid = ops["tid"].fill_null(0).to_numpy()
-        code = np.searchsorted(threads, p_tid).astype(np.int64)
+        code = np.searchsorted(threads, p_tid).astype(np.int64, copy=False)
         code_c = np.minimum(code, len(threads) - 1)
         p_thr = np.where((threads[code_c] == p_tid) & ops["tid"].is_not_null().to_numpy(),
-                         code_c, -1).astype(np.int64)
-        p_t0 = (ops["launch_start"].fill_null(base).to_numpy() - base).astype(np.int64)
-        p_t1 = (ops["launch_end"].fill_null(base).to_numpy() - base).astype(np.int64)
+                         code_c, -1).astype(np.int64, copy=False)
+        p_t0 = (ops["launch_start"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
+        p_t1 = (ops["launch_end"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
         best = np.full(ops.height, -1, np.int64)
         best_start = np.full(ops.height, -1, np.int64)
         for style in ("pushpop", "startend"):
@@ -316,9 +319,9 @@ def attribute(profile: Profile) -> Attribution:
             if not part.height:
                 continue
             r_idx = part["idx"].to_numpy()
-            r_thr = np.searchsorted(threads, part["tid"].to_numpy()).astype(np.int64)
-            r_start = (part["start"].to_numpy() - base).astype(np.int64)
-            r_end = (part["end"].to_numpy() - base).astype(np.int64)
+            r_thr = np.searchsorted(threads, part["tid"].to_numpy()).astype(np.int64, copy=False)
+            r_start = (part["start"].to_numpy() - base).astype(np.int64, copy=False)
+            r_end = (part["end"].to_numpy() - base).astype(np.int64, copy=False)
             res = sweep(r_thr, r_start, r_end, p_thr, np.maximum(p_t0, 0), np.maximum(p_t1, 0))
             got = res.owner >= 0
             own_start = np.where(got, r_start[np.maximum(res.owner, 0)], -1)

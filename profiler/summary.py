@@ -91,8 +91,8 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     op's outermost range); ``infer``: force (True) or forbid (False) inferred layers."""
     notes = list(att.notes)
     ranges = att.ranges
-    parent = ranges["parent"].fill_null(-1).to_numpy().astype(np.int64)
-    depth = ranges["depth"].to_numpy().astype(np.int64)
+    parent = ranges["parent"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+    depth = ranges["depth"].to_numpy().astype(np.int64, copy=False)
     is_layer = ranges["is_layer"].to_numpy().astype(bool)
     if step_pattern:
         step_flag = ranges["label"].str.contains(step_pattern).fill_null(False).to_numpy()
@@ -100,7 +100,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     else:
         step_of = _root(parent, depth)
     ops = att.ops
-    rng = ops["range"].fill_null(-1).to_numpy().astype(np.int64)
+    rng = ops["range"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     has = rng >= 0
     rc = np.maximum(rng, 0)
     step = np.where(has, step_of[rc] if len(step_of) else -1, -1)
@@ -113,7 +113,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         inst = rng
     # Replayed graph kernels mapped to capture-time ranges: each replay is its own
     # instance and its own step, keyed by the replay's correlation id.
-    replay = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64)
+    replay = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     node_mapped = (ops["via"] == "graph-node").to_numpy()
     graph_replay = node_mapped | (ops["via"] == "graph-launch").to_numpy()
     step_range = np.where(graph_replay, -1, step)
@@ -147,7 +147,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
 def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
     """Split each step (step range, or graph replay) into inferred layers."""
     frame = frame.sort("proc", "step_key", "launch_start", "start")
-    seq_ids = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64)
+    seq_ids = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     keys = frame.select("proc", "step_key")
     bounds = np.flatnonzero(np.concatenate(
         ([True], (keys["proc"].to_numpy()[1:] != keys["proc"].to_numpy()[:-1])
@@ -195,15 +195,15 @@ def _group_ids(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[np.int64]:
     correlation id) need the process folded in, by a dense rank over those rows alone.
     """
     procs = frame["proc"].unique().sort().to_numpy()
-    pcode = np.searchsorted(procs, frame["proc"].to_numpy()).astype(np.int64)
+    pcode = np.searchsorted(procs, frame["proc"].to_numpy()).astype(np.int64, copy=False)
     n_p = len(procs)
     if keys == ["proc", "inst", "replay"]:
-        key = frame["inst"].to_numpy().astype(np.int64)
+        key = frame["inst"].to_numpy().astype(np.int64, copy=False)
         simple = (frame["replay"].to_numpy() < 0) & (key >= 0)
         if "block" in frame.columns:  # inferred instances: keys built from step ids
             simple[:] = False
     else:
-        key = frame["step_key"].to_numpy().astype(np.int64)
+        key = frame["step_key"].to_numpy().astype(np.int64, copy=False)
         simple = (key >= 0) & (key % 2 == 0)  # a step range, not a graph replay
     out = np.where(simple, key + n_p, pcode)
     rest = np.flatnonzero(~simple)
@@ -211,7 +211,7 @@ def _group_ids(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[np.int64]:
         sub = frame[rest].select(keys)
         ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
         top = int(key[simple].max(initial=-1)) + n_p + 1
-        out[rest] = top + ranks.astype(np.int64)
+        out[rest] = top + ranks.astype(np.int64, copy=False)
     return out
 
 
@@ -229,9 +229,12 @@ def _grouped(frame: pl.DataFrame, keys: list[str]) -> tuple[npt.NDArray[np.int64
         return zero, {"first": zero, "kernels": zero, "memops": zero, "kernel_ns": zero,
                       "busy_ns": zero, "start": zero, "span_ns": zero}
     gid = _group_ids(frame, keys)
-    start0 = frame["start"].to_numpy().astype(np.int64)
-    order = pl.DataFrame({"g": gid, "s": start0}).select(
-        pl.arg_sort_by("g", "s")).to_series().to_numpy()
+    start0 = frame["start"].to_numpy().astype(np.int64, copy=False)
+    # Two stable sorts (start, then group) instead of one two-key sort: both inputs are
+    # made of long presorted runs (ops come in time order per device, a group's ops are
+    # adjacent), which timsort merges in near-linear time.
+    by_start = np.argsort(start0, kind="stable")
+    order = by_start[np.argsort(gid[by_start], kind="stable")]
     gs = gid[order]
     new = np.empty(n, bool)
     new[0] = True
@@ -241,7 +244,7 @@ def _grouped(frame: pl.DataFrame, keys: list[str]) -> tuple[npt.NDArray[np.int64
     g = np.empty(n, np.int64)
     g[order] = g_sorted
     start = start0[order]
-    end = frame["end"].to_numpy().astype(np.int64)[order]
+    end = frame["end"].to_numpy().astype(np.int64, copy=False)[order]
     kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()[order]
     gmin = start[first]
     gmax = np.maximum.reduceat(end, first)
@@ -254,7 +257,7 @@ def _grouped(frame: pl.DataFrame, keys: list[str]) -> tuple[npt.NDArray[np.int64
     prev[0] = -1
     prev[1:] = run[:-1]
     busy = np.clip(v_end - np.maximum(v_start, prev), 0, None)
-    kernels = np.add.reduceat(kernel.astype(np.int64), first)
+    kernels = np.add.reduceat(kernel.astype(np.int64, copy=False), first)
     return g, {
         "first": order[first], "kernels": kernels,
         "memops": np.diff(np.append(first, n)) - kernels,
@@ -356,7 +359,7 @@ def _top_kernels(frame: pl.DataFrame, instances: pl.DataFrame,
         code=pl.struct("pid", "name").rank("dense").cast(pl.Int64) - 1).sort("g")
     code = inst["code"].to_numpy()[frame["g"].to_numpy()]
     kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()
-    name = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64)
+    name = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     width = int(name.max(initial=0)) + 2
     key = code[kernel] * width + name[kernel] + 1
     dur = (frame["end"].to_numpy() - frame["start"].to_numpy())[kernel]

@@ -165,3 +165,24 @@ async def test_nvtx_handles_cross_await() -> None:
     assert h.domain == "agentload"
     with nvtx.srange("sync"):
         nvtx.mark("here")
+
+
+def test_capture_with_torch_profiler(tmp_path: Path) -> None:
+    """`profile capture -- python SCRIPT` on the CPU build of torch (no GPU ops, so no
+    layers), through the same console entry a user types."""
+    pytest.importorskip("torch")
+    script = tmp_path / "work.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.profiler import record_function\n"
+        "with record_function(\"model.layers.0\"):\n"
+        "    torch.ones(8) @ torch.ones(8)\n")
+    import sys
+    done = run_cli("profile", "capture", "--tool", "torch", "--out", str(tmp_path / "prof"),
+                   "--", sys.executable, str(script), timeout=300)
+    assert done.returncode == 0, done.stderr
+    trace = tmp_path / "prof" / "profile.json.gz"
+    assert trace.exists() and f"profile: {trace}" in done.stdout
+    from agentload.profiler import load_profile
+    profile = load_profile(trace)
+    assert "model.layers.0" in profile.ranges["name"].to_list()
