@@ -337,7 +337,7 @@ def attribute(profile: Profile) -> Attribution:
         notes.append(f"{not_nested:,} ranges overlap their enclosing range without nesting "
                      "(async start/end ranges): ops inside them go to a range that contains "
                      "their launch, not always the innermost")
-    ops = ops.with_columns(range=pl.Series(owner).replace(-1, None))
-    ranges = ranges.with_columns(parent=pl.Series(parent).replace(-1, None),
-                                 depth=pl.Series(depth))
+    own, up = pl.Series(owner), pl.Series(parent)
+    ops = ops.with_columns(range=pl.when(own >= 0).then(own))
+    ranges = ranges.with_columns(parent=pl.when(up >= 0).then(up), depth=pl.Series(depth))
     return Attribution(profile=profile, ops=ops, ranges=ranges, notes=tuple(notes))

@@ -144,6 +144,17 @@ def build(workdir: Path, target_ranges: int) -> dict[str, Any]:
             "ranges": tables["NVTX_EVENTS"].height, "steps": steps, "ranks": 2}
 
 
+def _counts(work: Path) -> dict[str, Any]:
+    def rows(table: str) -> int:
+        return int(pl.scan_parquet(work / "export_pq" / f"{table}.parquet").select(
+            pl.len()).collect().item())
+
+    ranges = rows("NVTX_EVENTS")
+    return {"kernels": rows("CUPTI_ACTIVITY_KIND_KERNEL"),
+            "runtime": rows("CUPTI_ACTIVITY_KIND_RUNTIME"), "ranges": ranges,
+            "steps": ranges // len(_step_template()[0]), "ranks": 2}
+
+
 def _write_sqlite(path: Path, tables: dict[str, pl.DataFrame], strings: dict[str, int]) -> None:
     path.unlink(missing_ok=True)
     con = sqlite3.connect(path)
@@ -231,6 +242,13 @@ def profiler_speed(
     sql_kernels: Annotated[int | None, typer.Option(
         "--sql-kernels", help="Run the SQL join on the first N kernels only and scale its "
                               "time linearly (default: all).")] = None,
+    sqlite_ingest: Annotated[bool, typer.Option(
+        "--sqlite-ingest/--no-sqlite-ingest", help="Also time agentload on the SQLite file "
+                                                   "(Python's sqlite3 fetch dominates).")]
+    = True,
+    reuse: Annotated[bool, typer.Option(
+        "--reuse", help="Reuse the exports already in --workdir instead of building.")]
+    = False,
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", help="Where to build the exports (default: a temporary directory).")]
     = None,
@@ -240,8 +258,9 @@ def profiler_speed(
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        counts = build(work, ranges)
-        typer.echo(f"built {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
+        ready = all((work / f).exists() for f in ("export.sqlite", "export_pq", "truth.npy"))
+        counts = (_counts(work) if reuse and ready else build(work, ranges))
+        typer.echo(f"{'reused' if reuse and ready else 'built'} {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
                    f"{counts['ranges']:,} ranges ({counts['steps']:,} steps, 2 ranks) in "
                    f"{time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs")
         truth = work / "truth.npy"
@@ -250,11 +269,13 @@ def profiler_speed(
                    f"(load {pq['load_s']:.2f}, attribute {pq['attribute_s']:.2f}, tables "
                    f"{pq['tables_s']:.2f}), peak RSS {pq['peak_rss_bytes'] / 2**30:.2f} GiB, "
                    f"{pq['wrong']} kernels misattributed")
-        lite = _run_child(work / "export.sqlite", truth)
-        typer.echo(f"agentload.profiler, SQLite:      {lite['total_s']:.2f} s "
-                   f"(load {lite['load_s']:.2f}, attribute {lite['attribute_s']:.2f}, tables "
-                   f"{lite['tables_s']:.2f}), peak RSS {lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
-                   f"{lite['wrong']} kernels misattributed")
+        lite = _run_child(work / "export.sqlite", truth) if sqlite_ingest else None
+        if lite is not None:
+            typer.echo(f"agentload.profiler, SQLite:      {lite['total_s']:.2f} s "
+                       f"(load {lite['load_s']:.2f}, attribute {lite['attribute_s']:.2f}, "
+                       f"tables {lite['tables_s']:.2f}), peak RSS "
+                       f"{lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
+                       f"{lite['wrong']} kernels misattributed")
         limit = sql_kernels or counts["kernels"]
         sql = sql_join(work / "export.sqlite", limit)
         scale = counts["kernels"] / max(sql["rows"], 1)
@@ -266,8 +287,10 @@ def profiler_speed(
         if sql["rows"] == counts["kernels"]:
             same = "same" if sql["checksum"] == pq["checksum"] else "DIFFERENT"
             typer.echo(f"SQL and agentload owners: {same} (checksum over all kernels)")
-        typer.echo(f"ratio SQL / agentload: {sql_total / pq['total_s']:.1f}x (Parquet dir), "
-                   f"{sql_total / lite['total_s']:.1f}x (SQLite, fetch included)")
+        lite_ratio = (f", {sql_total / lite['total_s']:.1f}x (SQLite, fetch included)"
+                      if lite is not None else "")
+        typer.echo(f"ratio SQL / agentload: {sql_total / pq['total_s']:.1f}x "
+                   f"(Parquet dir){lite_ratio}")
 
 
 if __name__ == "__main__":
