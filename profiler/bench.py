@@ -260,7 +260,8 @@ def profiler_speed(
         t0 = time.perf_counter()
         ready = all((work / f).exists() for f in ("export.sqlite", "export_pq", "truth.npy"))
         counts = (_counts(work) if reuse and ready else build(work, ranges))
-        typer.echo(f"{'reused' if reuse and ready else 'built'} {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
+        verb = "reused" if reuse and ready else "built"
+        typer.echo(f"{verb} {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
                    f"{counts['ranges']:,} ranges ({counts['steps']:,} steps, 2 ranks) in "
                    f"{time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs")
         truth = work / "truth.npy"

@@ -271,7 +271,7 @@ def _instances(frame: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.DataFrame,
     carry = [*keys, "step_key", "step_range", "graph_step"]
     if "block" in frame.columns:
         carry += ["block", "reps"]
-    head = frame.select(carry)[agg.pop("first")]
+    head: pl.DataFrame = frame.select(carry)[agg.pop("first")]
     out = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()}).with_row_index("g")
     out = out.with_columns(pl.col("g").cast(pl.Int64))
     data = frame.with_columns(g=pl.Series(g))
@@ -321,7 +321,7 @@ def _types(instances: pl.DataFrame) -> pl.DataFrame:
 def _steps(frame: pl.DataFrame, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "step_key"]
     _, agg = _grouped(frame, keys)
-    head = frame.select(*keys, "step_range", "graph_step")[agg.pop("first")]
+    head: pl.DataFrame = frame.select(*keys, "step_range", "graph_step")[agg.pop("first")]
     per = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
     counts = instances.group_by(keys).agg(
         layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
