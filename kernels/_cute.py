@@ -196,24 +196,25 @@ class Gemv:
         acc = cute.make_rmem_tensor(cute.make_layout((M, OPB), stride=(OPB, 1)), Float32)
         acc.fill(0.0)
         n0 = bid * OPB
-        pre = []
-        if cutlass.const_expr(self.pdl):
-            # PDL: stream the first weight tile while the previous kernel drains.
+
+        def load_w(kt: int) -> list:
+            tiles = []
             for j in cutlass.range_constexpr(OPB):
                 wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                cute.copy(ld_w, _row_vec(mW, n0 + j, tidx), wr)
-                pre.append(wr)
+                cute.copy(ld_w, _row_vec(mW, n0 + j, kt * T + tidx), wr)
+                tiles.append(wr)
+            return tiles
+
+        # Software pipeline: tile kt+1's weight loads are issued before tile kt's FMAs.
+        # With PDL, tile 0 streams while the previous kernel drains.
+        wnext = load_w(0)
+        if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         for kt in cutlass.range_constexpr(self.NKT):
             col = kt * T + tidx
-            wv = []
-            if cutlass.const_expr(self.pdl and kt == 0):
-                wv = pre
-            else:
-                for j in cutlass.range_constexpr(OPB):
-                    wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    cute.copy(ld_w, _row_vec(mW, n0 + j, col), wr)
-                    wv.append(wr)
+            wv = wnext
+            if cutlass.const_expr(kt + 1 < self.NKT):
+                wnext = load_w(kt + 1)
             xv = []
             for m in cutlass.range_constexpr(M):
                 xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)

@@ -181,4 +181,5 @@ def test_fused_layer_replays_in_a_cuda_graph(batch: int) -> None:
         out[0].fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        assert ref.rel_err(MoELayer.result(out), want) < 1e-3
+        # not bitwise: the fused norm's float atomics add in a different order each run
+        assert ref.rel_err(MoELayer.result(out), want) < ref.BF16_TOL
