@@ -65,9 +65,13 @@ def sse_app(ttft_s: float = 0.02, itl_s: float = 0.004, fail_every: int = 0) -> 
                 f"{100 * count['n']}\nvllm:prefix_cache_hits_total {60 * count['n']}\n")
         return web.Response(text=text)
 
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 1 << 20}]})
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
     return app
 
 

@@ -11,6 +11,12 @@ in, at ``--speed`` x. After a warm-up it measures, over ``--seconds``:
 - bytes written to the terminal per second.
 
 The pass bar of issue 6 is >= 4 Hz at < 10 % of a core.
+
+With ``--replay-target URL`` it also replays the same bounded workload against that
+server ``--repeats`` times with the dashboard (``agentload replay`` in a pty, so the
+dashboard process really draws) and as many times ``--headless``, alternating, and
+prints each run's timing metrics and the two groups' means and spreads: the
+dashboard must not move the numbers by more than they move from run to run.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Annotated, Any
 
 import typer
 
+from agentload.traces import demo_trace_path
 from agentload.tui.synthetic import write_synthetic_run
 
 
@@ -102,6 +109,97 @@ def measure_playback(run_dir: Path, size: tuple[int, int] = (200, 60), speed: fl
     }
 
 
+REPLAY_KEYS: tuple[tuple[str, str, float], ...] = (
+    ("p90_interactivity_tok_s", "P90 inter tok/s", 1.0),
+    ("ttft_p90_s", "TTFT P90 ms", 1e3),
+    ("itl_p50_s", "ITL P50 ms", 1e3),
+    ("schedule_lag_p99_s", "lag P99 ms", 1e3),
+    ("pause_error_p99_s", "pause err P99 ms", 1e3),
+)
+
+
+def _replay_once(target: str, out: Path, dashboard: bool, args: list[str],
+                 timeout_s: float = 600.0) -> dict[str, Any]:
+    """One ``agentload replay`` run; with the dashboard it runs in an 100x30 pty."""
+    argv = [sys.executable, "-m", "agentload", "replay", str(demo_trace_path()),
+            "--target", target, "-o", str(out), "--no-report", *args]
+    if not dashboard:
+        subprocess.run([*argv, "--headless"], check=True, capture_output=True,
+                       timeout=timeout_s)
+    else:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                                env={**os.environ, "TERM": "xterm-256color"},
+                                close_fds=True, start_new_session=True)
+        os.close(slave)
+        threading.Thread(target=_drain, args=(master,), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not (out / "summary.json").is_file():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"replay with the dashboard ended early ({out})")
+                time.sleep(0.5)
+            time.sleep(1.0)
+            os.write(master, b"q")  # the finished dashboard waits for its user
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(master)
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def _drain(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 65536):
+                return
+        except OSError:
+            return
+
+
+def replay_overhead(target: str, repeats: int, args: list[str]) -> None:
+    """Print timing metrics of replays with and without the dashboard, alternating."""
+    import statistics
+
+    rows: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    typer.echo(f"replays against {target} ({' '.join(args)}), {repeats} with the dashboard "
+               f"and {repeats} headless, alternating; load average "
+               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    typer.echo(f"{'run':>14}" + "".join(f"{label:>18}" for _, label, _ in REPLAY_KEYS))
+    with tempfile.TemporaryDirectory(prefix="agentload-bench-replay-") as tmp:
+        for i in range(repeats):
+            for dashboard in (True, False):
+                name = f"{'dashboard' if dashboard else 'headless'} {i + 1}"
+                s = _replay_once(target, Path(tmp) / name.replace(" ", "-"), dashboard, args)
+                rows[dashboard].append(s)
+                typer.echo(f"{name:>14}" + "".join(
+                    f"{(s.get(k) or 0) * scale:>18.2f}" for k, _, scale in REPLAY_KEYS))
+    for dashboard in (True, False):
+        group = rows[dashboard]
+        cells = []
+        for k, _, scale in REPLAY_KEYS:
+            values = [(r.get(k) or 0.0) * scale for r in group]
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{statistics.mean(values):>9.2f} ±{sd:>7.2f}")
+        typer.echo(f"{'mean ± sd ' + ('dash' if dashboard else 'headless'):>14}"
+                   + "".join(f"{c:>18}" for c in cells))
+    typer.echo(f"{'diff / spread':>14}" + "".join(
+        f"{_diff_over_spread(rows, k, scale):>18}" for k, _, scale in REPLAY_KEYS))
+
+
+def _diff_over_spread(rows: dict[bool, list[dict[str, Any]]], key: str, scale: float) -> str:
+    """|mean(dashboard) - mean(headless)| / the larger run-to-run range of the two."""
+    a = [(r.get(key) or 0.0) * scale for r in rows[True]]
+    b = [(r.get(key) or 0.0) * scale for r in rows[False]]
+    spread = max(max(a) - min(a), max(b) - min(b))
+    diff = abs(sum(a) / len(a) - sum(b) / len(b))
+    return f"{diff / spread:.2f}" if spread > 0 else "n/a"
+
+
 def dashboard_bench(
     users: Annotated[int, typer.Option("--users", min=1, help="Lanes of the synthetic run.")
                      ] = 1000,
@@ -118,8 +216,27 @@ def dashboard_bench(
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Use (or write) the synthetic run here instead of a temp dir.")
     ] = None,
+    replay_target: Annotated[str | None, typer.Option(
+        "--replay-target", help="Also compare replays with and without the dashboard "
+        "against this server (e.g. one started with agentload serve --embedded).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=2,
+                                         help="Replays per group with --replay-target.")] = 3,
+    replay_args: Annotated[str, typer.Option(
+        "--replay-args", help="Options of each compared replay.")
+    ] = "--users 4 --recycle --max-requests 48 --seed 1",
+    skip_playback: Annotated[bool, typer.Option(
+        "--skip-playback", help="Only the replay comparison.")] = False,
 ) -> None:
-    """Refresh rate and CPU of the dashboard playing back a recorded 1,000-user run."""
+    """Refresh rate and CPU of the dashboard playing back a recorded 1,000-user run
+    (and, with --replay-target, replay timings with and without it)."""
+    if not skip_playback:
+        _playback_rows(users, duration, speed, size, seconds, start, run_dir)
+    if replay_target is not None:
+        replay_overhead(replay_target, repeats, replay_args.split())
+
+
+def _playback_rows(users: int, duration: float, speed: str, size: str, seconds: float,
+                   start: float, run_dir: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="agentload-bench-dash-") as tmp:
         target = run_dir or Path(tmp) / "run"
         t = time.perf_counter()
