@@ -153,6 +153,7 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
                 break
             cand = np.where(bad, parent_s[cc], cand)
         owner_s[idx] = cand
+        del pkey, starts_le, open_, live, idx, cand, t0, t1  # 10 M-point temporaries
     owner = np.where(owner_s >= 0, order[np.maximum(owner_s, 0)], -1)
     parent = np.full(m, -1, np.int64)
     parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
@@ -251,7 +252,7 @@ def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFr
         return pl.Series(values).cast(dtype).scatter(np.flatnonzero(~got), None) \
             if (~got).any() else pl.Series(values).cast(dtype)
 
-    out = ops.with_row_index("op").with_columns(
+    out = ops.with_columns(
         tid=pick("tid", pl.UInt64()), launch_start=pick("start", pl.Int64()),
         launch_end=pick("end", pl.Int64()), launch_name=pick("name_id", pl.Int64()))
     return out, dup
@@ -286,7 +287,7 @@ def attribute(profile: Profile) -> Attribution:
         tid=pl.coalesce("g_tid", "tid"),
         launch_start=pl.coalesce("g_start", "launch_start"),
         launch_end=pl.coalesce("g_end", "launch_end"),
-    ).drop("g_tid", "g_start", "g_end")
+    ).drop("g_tid", "g_start", "g_end", "launch_name")
     replayed = int((ops["via"] == "graph-launch").sum())
     if replayed:
         notes.append(f"{replayed:,} kernels were replayed from CUDA graphs without graph node "

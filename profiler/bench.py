@@ -180,6 +180,8 @@ def _child(path: str, truth: str) -> None:
     """Timed in a fresh process: load, attribute, per-layer tables; check ownership."""
     from agentload.profiler import attribute, load_profile, summarize
 
+    start = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = start.ru_utime + start.ru_stime  # imports excluded
     t0 = time.perf_counter()
     profile = load_profile(Path(path))
     t1 = time.perf_counter()
@@ -190,9 +192,11 @@ def _child(path: str, truth: str) -> None:
     owner = att.ranges["range_id"].gather(att.ops["range"].fill_null(0)).to_numpy()
     want = np.load(truth)
     wrong = int((owner != want).sum()) + int(att.ops["range"].null_count())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = usage.ru_maxrss * 1024
     print(json.dumps({"load_s": t1 - t0, "attribute_s": t2 - t1, "tables_s": t3 - t2,
                       "total_s": t3 - t0, "peak_rss_bytes": rss, "wrong": wrong,
+                      "cpu_s": usage.ru_utime + usage.ru_stime - cpu0,
                       "layers": s.layers.height, "checksum": int(owner.sum())}))
 
 
@@ -224,15 +228,18 @@ def sql_join(path: Path, limit: int) -> dict[str, Any]:
     work = path.with_name("sql_copy.sqlite")
     work.write_bytes(path.read_bytes())
     con = sqlite3.connect(work)
+    c0 = time.process_time()
     t0 = time.perf_counter()
     con.execute("CREATE INDEX nvtx_tid_start ON NVTX_EVENTS(globalTid, start)")
     con.execute("CREATE INDEX rt_corr ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)")
     t1 = time.perf_counter()
     count, total = con.execute(SQL_JOIN, (limit,)).fetchone()
     t2 = time.perf_counter()
+    cpu = time.process_time() - c0
     con.close()
     work.unlink()
-    return {"index_s": t1 - t0, "query_s": t2 - t1, "rows": count, "checksum": total}
+    return {"index_s": t1 - t0, "query_s": t2 - t1, "rows": count, "checksum": total,
+            "cpu_s": cpu}
 
 
 def profiler_speed(
@@ -269,7 +276,7 @@ def profiler_speed(
         typer.echo(f"agentload.profiler, Parquet dir: {pq['total_s']:.2f} s "
                    f"(load {pq['load_s']:.2f}, attribute {pq['attribute_s']:.2f}, tables "
                    f"{pq['tables_s']:.2f}), peak RSS {pq['peak_rss_bytes'] / 2**30:.2f} GiB, "
-                   f"{pq['wrong']} kernels misattributed")
+                   f"{pq['wrong']} kernels misattributed; CPU time {pq['cpu_s']:.2f} s")
         lite = _run_child(work / "export.sqlite", truth) if sqlite_ingest else None
         if lite is not None:
             typer.echo(f"agentload.profiler, SQLite:      {lite['total_s']:.2f} s "
@@ -284,14 +291,19 @@ def profiler_speed(
         scaled = " (query time scaled from the first {:,} kernels)".format(sql["rows"]) \
             if sql["rows"] < counts["kernels"] else ""
         typer.echo(f"SQL join in SQLite:              {sql_total:.2f} s (indexes "
-                   f"{sql['index_s']:.2f}, query {sql['query_s'] * scale:.2f}){scaled}")
+                   f"{sql['index_s']:.2f}, query {sql['query_s'] * scale:.2f}){scaled}; "
+                   f"CPU time {sql['cpu_s']:.2f} s (unscaled)")
         if sql["rows"] == counts["kernels"]:
             same = "same" if sql["checksum"] == pq["checksum"] else "DIFFERENT"
             typer.echo(f"SQL and agentload owners: {same} (checksum over all kernels)")
         lite_ratio = (f", {sql_total / lite['total_s']:.1f}x (SQLite, fetch included)"
                       if lite is not None else "")
         typer.echo(f"ratio SQL / agentload: {sql_total / pq['total_s']:.1f}x "
-                   f"(Parquet dir){lite_ratio}")
+                   f"(Parquet dir){lite_ratio}; by CPU time "
+                   f"{sql['cpu_s'] * scale / pq['cpu_s']:.1f}x (Parquet dir)")
+        if os.getloadavg()[0] > (os.cpu_count() or 1):
+            typer.echo(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: "
+                       "wall times include waiting for the CPU; CPU times do not")
 
 
 if __name__ == "__main__":
