@@ -92,6 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
+    except typer.TyperException as exc:
+        # typer vendors click: its usage errors (a bad or missing parameter) are not
+        # click.ClickException, but show themselves the same way.
+        show = getattr(exc, "show", None)
+        if show is None:
+            raise
+        show()
+        sys.exit(getattr(exc, "exit_code", 2))
     except (KeyboardInterrupt, click.exceptions.Abort):
         print("agentload: interrupted", file=sys.stderr)
         sys.exit(130)

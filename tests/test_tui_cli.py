@@ -168,4 +168,5 @@ def test_dashboard_command_errors_are_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "holds no run journal" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("dashboard", str(tmp_path), "--speed", "0")
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Invalid value for '--speed'" in result.stderr
