@@ -41,6 +41,8 @@ from agentload.profiler.model import Profile, as_int
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
+POINT_CHUNK = 1 << 21
+"""Launch points looked up per chunk (bounds the sweep's temporaries)."""
 VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
 
 
@@ -134,10 +136,14 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     not_nested = int(((parent_s >= 0) & (s_end[pc] < s_end)).sum())
 
     owner_s = np.full(n, -1, np.int64)
-    if n:
-        known = p_thr >= 0
-        pthr = np.where(known, p_thr, 0)
-        pkey = (pthr << time_bits) | p_t0
+    # Points are independent once the ranges are indexed: take them in chunks so the
+    # temporaries stay a few hundred MB however many kernels the profile holds.
+    for lo_ in range(0, n, POINT_CHUNK):
+        hi_ = min(n, lo_ + POINT_CHUNK)
+        c_thr, c_t0, c_t1 = p_thr[lo_:hi_], p_t0[lo_:hi_], p_t1[lo_:hi_]
+        known = c_thr >= 0
+        pthr = np.where(known, c_thr, 0)
+        pkey = (pthr << time_bits) | c_t0
         starts_le = np.searchsorted(skey, pkey, "right")
         open_ = (starts_le - thr_first_s[pthr]) - (
             np.searchsorted(ekey, pkey, "right") - thr_first_e[pthr])
@@ -145,15 +151,14 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
         idx = np.flatnonzero(live)
         cand = last_at(pthr[idx], open_[idx], starts_le[idx] - 1)
         # Verify containment; walk up while the candidate does not hold the whole call.
-        t0, t1 = p_t0[idx], p_t1[idx]
+        t0, t1 = c_t0[idx], c_t1[idx]
         for _ in range(int(depth.max()) + 1):
             cc = np.maximum(cand, 0)
             bad = (cand >= 0) & ((s_end[cc] < t1) | (s_start[cc] > t0))
             if not bad.any():
                 break
             cand = np.where(bad, parent_s[cc], cand)
-        owner_s[idx] = cand
-        del pkey, starts_le, open_, live, idx, cand, t0, t1  # 10 M-point temporaries
+        owner_s[lo_ + idx] = cand
     owner = np.where(owner_s >= 0, order[np.maximum(owner_s, 0)], -1)
     parent = np.full(m, -1, np.int64)
     parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
@@ -203,15 +208,9 @@ def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFr
     sparse for that fall back to a hash join.
     """
     n = ops.height
-    procs = np.unique(launches["proc"].to_numpy()) if launches.height else np.zeros(0, np.uint64)
+    procs = launches["proc"].unique().sort().to_numpy()
     l_proc = np.searchsorted(procs, launches["proc"].to_numpy()).astype(np.int64, copy=False)
     l_corr = launches["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    o_proc_raw = ops["proc"].to_numpy()
-    o_proc = np.searchsorted(procs, o_proc_raw).astype(np.int64, copy=False)
-    o_known = (o_proc < len(procs))
-    o_known &= procs[np.minimum(o_proc, max(len(procs) - 1, 0))] == o_proc_raw if len(procs) \
-        else np.zeros(n, bool)
-    o_corr = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     idx = np.full(n, -1, np.int64)
     dup = 0
     if launches.height:
@@ -232,10 +231,19 @@ def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFr
             rows = np.flatnonzero(valid)
             table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
             dup = int(len(pos) - np.count_nonzero(table >= 0))
-            pc = np.where(o_known, o_proc, 0)
-            opos = base[pc] + o_corr - lo[pc]
-            ok = o_known & (o_corr >= lo[pc]) & (o_corr <= hi[pc])
-            idx[ok] = table[opos[ok]]
+            del pos, rows, valid, l_proc, l_corr
+            proc_col, corr_col = ops["proc"], ops["correlation"]
+            for a in range(0, n, POINT_CHUNK):  # chunks bound the temporaries
+                b = min(n, a + POINT_CHUNK)
+                o_raw = proc_col[a:b].to_numpy()
+                o_proc = np.searchsorted(procs, o_raw).astype(np.int64, copy=False)
+                pc = np.minimum(o_proc, len(procs) - 1)
+                o_known = (o_proc < len(procs)) & (procs[pc] == o_raw)
+                o_corr = corr_col[a:b].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+                ok = o_known & (o_corr >= lo[pc]) & (o_corr <= hi[pc])
+                opos = base[pc] + o_corr - lo[pc]
+                idx[a:b][ok] = table[opos[ok]]
+            del table
         else:
             keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
             first = keyed.unique(["proc", "correlation"], keep="first")
@@ -311,6 +319,7 @@ def attribute(profile: Profile) -> Attribution:
         code_c = np.minimum(code, len(threads) - 1)
         p_thr = np.where((threads[code_c] == p_tid) & ops["tid"].is_not_null().to_numpy(),
                          code_c, -1).astype(np.int64, copy=False)
+        del p_tid, code, code_c
         p_t0 = (ops["launch_start"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
         p_t1 = (ops["launch_end"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
         best = np.full(ops.height, -1, np.int64)
