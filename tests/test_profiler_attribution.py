@@ -148,6 +148,12 @@ def test_parquet_directory_export_matches_sqlite(tmp_path: Path) -> None:
     a = owners(attribute(load_profile(db)))
     b = owners(attribute(load_profile(out)))
     assert a == b
+    # --type arrowdir: the same tables as Arrow IPC files
+    arrow = tmp_path / "nested_arrow"
+    arrow.mkdir()
+    for f in out.iterdir():
+        pl.read_parquet(f).write_ipc(arrow / f"{f.stem}.arrow")
+    assert owners(attribute(load_profile(arrow))) == a
 
 
 def build_graph(path: Path, node_tracing: bool, capture_in_window: bool = True) -> Path:
