@@ -253,6 +253,10 @@ def profiler_speed(
         "--sqlite-ingest/--no-sqlite-ingest", help="Also time agentload on the SQLite file "
                                                    "(Python's sqlite3 fetch dominates).")]
     = True,
+    no_index_kernels: Annotated[int, typer.Option(
+        "--no-index-kernels", help="Also time the same SQL on the file as nsys writes it (no "
+                                   "indexes) for N and 5N kernels; the marginal cost per "
+                                   "kernel is scaled to all (0: skip).")] = 0,
     reuse: Annotated[bool, typer.Option(
         "--reuse", help="Reuse the exports already in --workdir instead of building.")]
     = False,
@@ -301,6 +305,19 @@ def profiler_speed(
         typer.echo(f"ratio SQL / agentload: {sql_total / pq['total_s']:.1f}x "
                    f"(Parquet dir){lite_ratio}; by CPU time "
                    f"{sql['cpu_s'] * scale / pq['cpu_s']:.1f}x (Parquet dir)")
+        if no_index_kernels:
+            con = sqlite3.connect(f"file:{work / 'export.sqlite'}?mode=ro", uri=True)
+            cpu = []
+            for k in (no_index_kernels, 5 * no_index_kernels):
+                c0 = time.process_time()
+                con.execute(SQL_JOIN, (k,)).fetchone()
+                cpu.append(time.process_time() - c0)
+            con.close()
+            per = (cpu[1] - cpu[0]) / (4 * no_index_kernels)
+            typer.echo(f"SQL join without indexes (as exported): {per * 1e3:.1f} ms CPU per "
+                       f"kernel (from {no_index_kernels} and {5 * no_index_kernels} kernels), "
+                       f"about {per * counts['kernels'] / 3600:,.0f} CPU hours for all; "
+                       f"{per * counts['kernels'] / pq['cpu_s']:,.0f}x agentload by CPU time")
         if os.getloadavg()[0] > (os.cpu_count() or 1):
             typer.echo(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: "
                        "wall times include waiting for the CPU; CPU times do not")
