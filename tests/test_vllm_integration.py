@@ -39,10 +39,12 @@ def test_demo_trace_replays_exactly(embedded_server: str, tmp_path: Path) -> Non
                         progress="none")
     s = result.summary
     assert all(key in s for key in REQUIRED_KEYS)
-    assert s["requests_completed"] == trace.num_requests and s["requests_failed"] == 0
+    frame = pl.read_parquet(tmp_path / "run" / "requests.parquet")
+    failed = frame.filter(~pl.col("ok")).select("request_id", "error_kind", "error").to_dicts()
+    assert s["requests_completed"] == trace.num_requests and s["requests_failed"] == 0, (
+        failed, s.get("stop_reason"), s.get("requests_not_sent"))
     assert s["osl_exact_fraction"] == 1.0
     # Exact lengths: the server counted every prompt token the trace asked for.
-    frame = pl.read_parquet(tmp_path / "run" / "requests.parquet")
     assert frame.height == trace.num_requests
     assert (frame["isl"] == frame["isl_requested"]).all()
     assert (frame["osl"] == frame["osl_requested"]).all()
