@@ -284,9 +284,24 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
             "--seed", str(time.monotonic_ns() % 100000)]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     log = workdir / (name + ".log")
+    # Its CPU during the measured part only (not vllm's import or the dataset): the
+    # process's own clock when it prints the start and the end of the benchmark.
+    cpu_marks: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
     with log.open("w") as fh:
-        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                              timeout=timeout_s, check=False)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fh.write(line)
+            if "Starting main benchmark run" in line:
+                cpu_marks["start"] = _proc_cpu_s(proc.pid)
+            elif "Serving Benchmark Result" in line:
+                cpu_marks["end"] = _proc_cpu_s(proc.pid)
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+        proc.wait()
     path = workdir / name
     if proc.returncode != 0 or not path.is_file():
         return {"ran": False, "reason": f"vllm bench serve exited {proc.returncode}: "
@@ -305,8 +320,11 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
         ns = (np.concatenate(times) * 1e9).astype(np.int64)
         first = int(min(data["start_times"]) * 1e9)
         steady = window_rate(ns, first, int(ns.max()))
+    cpu = (cpu_marks["end"] - cpu_marks["start"]
+           if {"start", "end"} <= cpu_marks.keys() else None)
     return {"ran": True, "completed": data.get("completed"), "failed": data.get("failed"),
             "duration_s": duration, "events": events,
+            "cpu_s": cpu, "cpu_per_event_us": (cpu / events * 1e6) if cpu and events else None,
             "events_per_s": steady,
             "events_per_s_overall": events / duration if duration else None,
             "output_throughput_tok_s": data.get("output_throughput"),
@@ -315,6 +333,16 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
             "tpot_p50_ms": data.get("median_tpot_ms"), "tpot_p90_ms": data.get("p90_tpot_ms"),
             "ttfts_s": ttfts, "itls_s": data.get("itls", []),
             "output_lens": data.get("output_lens", [])}
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (its threads included)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def aiperf_status() -> str | None:
@@ -385,6 +413,10 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         "vllm_bench_events_per_s": vllm.get("events_per_s"),
         "ratio_vs_vllm_bench": ratio,
         "ratio_vs_vllm_bench_overall": ratio_overall,
+        # CPU per event is the cost that tenant noise on a shared machine does not move.
+        "cpu_per_event_ratio_vllm_over_agentload": (
+            vllm["cpu_per_event_us"] / agent["cpu_per_event_us"]
+            if vllm.get("cpu_per_event_us") and agent.get("cpu_per_event_us") else None),
         "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
         "aiperf_events_per_s": aiperf.get("events_per_s"),
         "ratio_vs_aiperf": None,
@@ -418,8 +450,9 @@ def report_lines(r: dict[str, Any]) -> list[str]:
              "  AIPerf                          "
              + (f"{f(r['aiperf_events_per_s'])}" if r["aiperf"].get("ran")
                 else f"not run: {r['aiperf'].get('reason', '')[:200]}"),
-             f"  agentload CPU per event         {f(a['cpu_per_event_us'], '.1f')} us "
-             f"({f(a['cpu_cores'], '.2f')} cores)"]
+             f"  CPU per token event             agentload {f(a['cpu_per_event_us'], '.1f')} us "
+             f"({f(a['cpu_cores'], '.2f')} cores), vllm bench "
+             f"{f(v.get('cpu_per_event_us'), '.1f')} us"]
     lines.append("  stamp error vs emission (steady half; whole-run p99 in brackets)")
     for name, e in a["timestamp_error"].items():
         whole = a["timestamp_error_whole_run"][name]
