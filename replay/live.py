@@ -30,7 +30,6 @@ protocol.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 import time
 from collections import deque
@@ -715,9 +714,10 @@ class LiveBoard:
         self._series["kv_usage"].append(val(srv.kv_usage, 100.0) if srv else nan)
         self._series["prefix_hit"].append(val(srv.prefix_hit_rate, 100.0) if srv else nan)
         for s in self._lanes.values():
-            s.strip.append(max(s.bin_code, STATE_CODES[s.state()]))
+            now = STATE_CODES[s.state()]
+            s.strip.append(max(s.bin_code, now))
             s.strip_cache = None
-            s.bin_code = STATE_CODES[s.state()]
+            s.bin_code = now
         self._strips = None
 
     # -- publishing ---------------------------------------------------------------------
@@ -872,6 +872,10 @@ def header_from_run(meta: dict[str, Any], run_dir: Path | None = None,
 
 
 _Item = tuple[int, int, str, Any]  # (t_ns, order, kind, payload)
+
+
+def _item_key(item: _Item) -> tuple[int, int]:
+    return item[0], item[1]
 _RECORD_FIELDS = frozenset(RequestRecord.__dataclass_fields__)
 
 
@@ -904,7 +908,11 @@ class JournalPlayback:
         self._clock = clock
         self._fh = open(self.path, "rb")  # noqa: SIM115 - read for the playback's lifetime
         self._partial = b""
-        self._heap: list[_Item] = []
+        # Pending timeline items, sorted by time from ``_pos`` on; lines read later are
+        # merged in with one sort (Timsort: near-linear on the mostly-sorted list).
+        self._items: list[_Item] = []
+        self._pos = 0
+        self._new: list[_Item] = []
         self._order = 0
         self._plays: dict[tuple[int, int], int] = {}
         self._max_t = 0
@@ -928,7 +936,7 @@ class JournalPlayback:
 
     def _push(self, t: int, kind: str, payload: Any) -> None:
         self._order += 1
-        heapq.heappush(self._heap, (t, self._order, kind, payload))
+        self._new.append((t, self._order, kind, payload))
         if t > self._max_t:
             self._max_t = t
 
@@ -944,6 +952,13 @@ class JournalPlayback:
             except orjson.JSONDecodeError:
                 continue
             self._line(obj)
+        if self._new:
+            items = self._items[self._pos:] + self._new
+            items.sort(key=_item_key)
+            self._items, self._pos, self._new = items, 0, []
+
+    def _pending(self) -> bool:
+        return self._pos < len(self._items)
 
     def _line(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
@@ -1004,10 +1019,14 @@ class JournalPlayback:
         """Apply everything that happened up to ``t_ns``."""
         self._read()
         limit = t_ns if self._ended else min(t_ns, self._max_t)
-        heap = self._heap
-        while heap and heap[0][0] <= limit:
-            t, _, kind, payload = heapq.heappop(heap)
+        items, pos, end = self._items, self._pos, len(self._items)
+        while pos < end and items[pos][0] <= limit:
+            t, _, kind, payload = items[pos]
+            pos += 1
             self._apply(kind, payload, t)
+        self._pos = pos
+        if pos > 100_000 and pos * 2 > end:  # drop what was applied, now and then
+            self._items, self._pos = items[pos:], 0
         self._virtual_ns = max(self._virtual_ns, limit)
 
     def clock_ns(self) -> float:
@@ -1020,9 +1039,9 @@ class JournalPlayback:
     def snapshot(self) -> LiveSnapshot | None:
         t = self.clock_ns()
         self.advance(t)
-        if self.board._finished and not self._heap:
+        if self.board._finished and not self._pending():
             self.board.note = "end of the recorded run"
-        elif not self._ended and not self._heap and t >= self._max_t:
+        elif not self._ended and not self._pending() and t >= self._max_t:
             self.board.note = "end of the journal so far (the run has not ended)"
         else:
             self.board.note = None

@@ -87,7 +87,8 @@ async def test_every_panel_shows_the_snapshot(source: ScriptedSource) -> None:
         assert strip.virtual_size.height == 40
         assert len(strip.render_line(0).text) == strip.size.width
         log = app.query_one(EventLog)
-        assert len(log.lines) >= 1  # recycles at least, errors at 2 %
+        assert len(log.line_texts()) >= 1  # recycles at least, errors at 2 %
+        assert log.render_line(0).text.strip()
 
 
 async def test_numbers_change_and_the_table_is_diff_updated(source: ScriptedSource) -> None:
@@ -279,9 +280,11 @@ async def test_event_log_says_when_events_were_skipped() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         log = app.query_one(EventLog)
-        first = log.lines[0].text
-        assert "100 earlier events not shown" in first
-        assert "failure 299" in log.lines[-1].text
+        lines = log.line_texts()
+        assert "100 earlier events not shown" in lines[0]
+        assert "failure 299" in lines[-1]
+        # It follows the newest event: the last line on screen is the newest.
+        assert log.scroll_offset.y == len(lines) - log.size.height
 
 
 async def test_refresh_rate_follows_refresh_hz(source: ScriptedSource) -> None:
@@ -290,9 +293,9 @@ async def test_refresh_rate_follows_refresh_hz(source: ScriptedSource) -> None:
         await pilot.pause(0.1)
         start = app.pulls
         t = time.monotonic()
-        await pilot.pause(1.5)
+        await pilot.pause(3.0)
         rate = (app.pulls - start) / (time.monotonic() - t)
-        assert 2.5 <= rate <= 4.5
+        assert 3.0 <= rate <= 4.7  # 4 Hz, give or take a tick at the window's edges
 
 
 def test_remote_feed_sends_snapshots_and_forwards_stop() -> None:

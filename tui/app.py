@@ -15,6 +15,7 @@ finishes its requests in flight and is finalized).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import ClassVar
 
 from textual.app import App, ComposeResult
@@ -240,6 +241,9 @@ class DashboardApp(App[None]):
         """Seconds spent drawing snapshots into the panels."""
         self.pull_times: list[float] = []
         """``time.monotonic()`` of every pull (the benchmark counts them per second)."""
+        self.first_draw_at: float | None = None
+        """``time.monotonic()`` of the first draw (a playback has caught up by then)."""
+        self.on_first_draw: Callable[[], None] | None = None
         self.exit_when_gone = False
         """Leave when the source says its replay process is gone (the child process)."""
         self._timer: Timer | None = None
@@ -306,6 +310,10 @@ class DashboardApp(App[None]):
             self.events.show(snap)
         self.applied += 1
         self.apply_s += time.perf_counter() - started
+        if self.first_draw_at is None:
+            self.first_draw_at = time.monotonic()
+            if self.on_first_draw is not None:
+                self.on_first_draw()
 
     # -- actions -------------------------------------------------------------------
 

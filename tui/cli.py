@@ -58,6 +58,9 @@ def dashboard(
 
     source = live.JournalPlayback(run_dir, speed=speed, start_s=start)
     app = DashboardApp(source, refresh_hz=refresh)
+    if stats is not None:
+        ready = stats.with_suffix(".ready")
+        app.on_first_draw = lambda: ready.write_text("ready")
     try:
         app.run()
     finally:

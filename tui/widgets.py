@@ -20,11 +20,11 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import RichLog
 
 from agentload.replay.live import (
     CODE_STATES,
     STATE_CODES,
+    Event,
     LaneView,
     LiveSnapshot,
     Series,
@@ -522,17 +522,42 @@ class LanesStrip(ScrollView):
         return text
 
 
-class EventLog(RichLog):
+class EventLog(ScrollView, can_focus=True):
     """Errors, recycles, warmup end, stops and server restarts, newest at the bottom.
 
-    New events are written at most once a second (each write re-lays the log out)."""
+    Line API, like the lanes strip: new events repaint only their lines. The scrollable
+    height grows in chunks (a layout pass every ``CHUNK`` events, not on every event),
+    and the view follows the newest event unless the user scrolled up. New events are
+    taken at most once a second.
+    """
 
+    DEFAULT_CSS = "EventLog { overflow-x: hidden; }"
+    ALLOW_MAXIMIZE = True
     FLUSH_EVERY_S = 1.0
+    CHUNK = 200
+    KEEP = 2000
+    STYLES: ClassVar[dict[str, str]] = {"error": "red", "warn": "yellow", "info": ""}
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, max_lines=2000, wrap=False, markup=False, auto_scroll=True)
+        super().__init__(id=id)
+        self._events: list[Event] = []
         self._last_seq = 0
+        self._skipped: dict[int, int] = {}  # index -> events not shown before it
         self._flushed_at = -1e9
+        self._cache: dict[int, tuple[int, Strip]] = {}
+        self._dim = Style(dim=True)
+        self._styles = {k: Style.parse(v) if v else Style() for k, v in self.STYLES.items()}
+        self._kind_style = Style.parse("cyan")
+
+    def line_texts(self) -> list[str]:
+        """The log's lines as plain text (oldest first)."""
+        return [self._plain(i) for i in range(len(self._events))]
+
+    def _plain(self, i: int) -> str:
+        e = self._events[i]
+        skipped = self._skipped.get(i)
+        head = f"… {skipped} earlier events not shown · " if skipped else ""
+        return f"{head}{f.clock(e.t_s):>7} {e.kind:<8} {e.text}"
 
     def show(self, snap: LiveSnapshot, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -542,14 +567,52 @@ class EventLog(RichLog):
             return
         self._flushed_at = now
         fresh = [e for e in snap.events if e.seq > self._last_seq]
+        following = self.scroll_offset.y >= self._follow_y() - 1
         if fresh[0].seq > self._last_seq + 1:
-            self.write(Text(f"… {fresh[0].seq - self._last_seq - 1} earlier events not "
-                            "shown", style="dim italic"))
-        for e in fresh:
-            style = {"error": "red", "warn": "yellow"}.get(e.level, "")
-            line = Text(no_wrap=True)
-            line.append(f"{f.clock(e.t_s):>7} ", "dim")
-            line.append(f"{e.kind:<8} ", style or "cyan")
-            line.append(e.text, style)
-            self.write(line)
+            self._skipped[len(self._events)] = fresh[0].seq - self._last_seq - 1
+        first_new = len(self._events)
+        self._events.extend(fresh)
         self._last_seq = fresh[-1].seq
+        if len(self._events) > self.KEEP:
+            drop = len(self._events) - self.KEEP + self.CHUNK
+            self._events = self._events[drop:]
+            self._skipped = {i - drop: n for i, n in self._skipped.items() if i >= drop}
+            self._cache.clear()
+            first_new = 0
+        height = -(-max(len(self._events), 1) // self.CHUNK) * self.CHUNK
+        grew = self.virtual_size.height != height
+        if grew:
+            self.virtual_size = Size(0, height)
+        if following and grew:  # the new height takes effect after the layout pass
+            self.call_after_refresh(self._follow)
+        elif following:
+            self._follow()
+        self.refresh_lines(first_new, len(self._events) - first_new)
+
+    def _follow(self) -> None:
+        self.scroll_to(y=self._follow_y(), animate=False)
+
+    def _follow_y(self) -> int:
+        return max(0, len(self._events) - self.size.height)
+
+    def render_line(self, y: int) -> Strip:
+        index = int(self.scroll_offset.y) + y
+        width = self.size.width
+        if index >= len(self._events) or width <= 0:
+            return Strip.blank(width, self.rich_style)
+        cached = self._cache.get(index)
+        if cached is not None and cached[0] == width:
+            return cached[1]
+        e = self._events[index]
+        style = self._styles.get(e.level, Style())
+        segments = []
+        skipped = self._skipped.get(index)
+        if skipped:
+            segments.append(Segment(f"… {skipped} earlier events not shown · ",
+                                    Style(dim=True, italic=True)))
+        segments += [Segment(f"{f.clock(e.t_s):>7} ", self._dim),
+                     Segment(f"{e.kind:<8} ", style if e.level != "info" else self._kind_style),
+                     Segment(e.text, style)]
+        strip = Strip(segments).crop(0, width).adjust_cell_length(width)
+        self._cache[index] = (width, strip)
+        return strip
