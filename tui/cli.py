@@ -60,7 +60,11 @@ def dashboard(
     app = DashboardApp(source, refresh_hz=refresh)
     if stats is not None:
         ready = stats.with_suffix(".ready")
-        app.on_first_draw = lambda: ready.write_text("ready")
+
+        def mark_ready() -> None:
+            ready.write_text("ready")  # the benchmark measures from here
+
+        app.on_first_draw = mark_ready
     try:
         app.run()
     finally:
