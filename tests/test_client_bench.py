@@ -76,7 +76,9 @@ def test_client_benchmark_small_run_keeps_up(tmp_path: Path) -> None:
     assert a["kernel_stamps"]
     err = a["timestamp_error_whole_run"]
     assert err["python_minus_kernel"]["p50_ms"] >= 0.0
-    assert err["kernel_minus_emit"]["p50_ms"] < 2.0
+    # The kernel stamp is never later than the Python one, so never further from emission.
+    assert err["kernel_minus_emit"]["p50_ms"] <= err["python_minus_emit"]["p50_ms"]
+    assert err["kernel_minus_emit"]["p50_ms"] < 20.0
     assert a["events_per_read"] >= 1.0 and a["events_per_s"] > 0
     assert r["ratio_vs_vllm_bench"] is None and not r["vllm_bench"]["ran"]
     assert r["agentload"]["emulator"]["events"] == 800

