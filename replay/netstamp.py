@@ -568,8 +568,15 @@ def kernel_stamps_work(host: str = "127.0.0.1") -> bool:
             cli.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             peer, _ = srv.accept()
             with peer:
-                peer.sendall(b"x")
                 cli.settimeout(2.0)
-                _, anc, _, _ = cli.recvmsg(16, _CMSG_SPACE)
-    return any(level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS
-               for level, kind, _ in anc)
+                # Linux turns receive stamping on through a deferred static key, so the
+                # first segments after the first SO_TIMESTAMPNS socket may come unstamped:
+                # ask a few times before calling the kernel unable.
+                for _ in range(50):
+                    peer.sendall(b"x")
+                    _, anc, _, _ = cli.recvmsg(16, _CMSG_SPACE)
+                    if any(level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS
+                           for level, kind, _ in anc):
+                        return True
+                    time.sleep(0.002)
+    return False

@@ -274,6 +274,15 @@ class DashboardApp(App[None]):
     def on_mount(self) -> None:
         self._timer = self.set_interval(1.0 / self.refresh_hz, self.tick, name="pull")
         self.tick()
+        # Panels lay out their text by their width; a first draw can come before layout.
+        self.call_after_refresh(self._redraw)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._redraw)
+
+    def _redraw(self) -> None:
+        if self.snapshot is not None:
+            self.draw()
 
     # -- pulling -------------------------------------------------------------------
 

@@ -71,8 +71,17 @@ class TextPanel(Widget):
 class HeaderBar(TextPanel):
     """Arm, trace, GPU count, users, elapsed / remaining, progress and display state."""
 
+    _shown: tuple[LiveSnapshot, Weighting, bool, bool] | None = None
+
+    def on_resize(self) -> None:
+        # The labels depend on the width: a draw before the first layout (width 0) must
+        # be redone once the bar knows its size, or a still snapshot keeps the wrong one.
+        if self._shown is not None:
+            self.show(*self._shown)
+
     def show(self, snap: LiveSnapshot, weighting: Weighting, paused: bool,
              stopping: bool) -> None:
+        self._shown = (snap, weighting, paused, stopping)
         h = snap.header
         mode = "PLAYBACK" if h.mode == "playback" else "LIVE"
         if snap.finished:
