@@ -351,8 +351,8 @@ def compare(
         for line in dry_run_lines(chosen):
             typer.echo(line)
         return
-    options = _options(users, duration, max_requests, time_scale,
-                       cache_salt if cache_salt is not None else new_cache_salt(),
+    # One options object for every arm: one cache salt, so the prompts are identical.
+    options = _options(users, duration, max_requests, time_scale, cache_salt,
                        request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
                        warmup_turns, api, outputs)
     result = compare_arms(

@@ -275,7 +275,7 @@ def _spread(start: np.ndarray, end: np.ndarray, amount: np.ndarray,
     return out
 
 
-def throughput_ci(frame: pl.DataFrame, gpus: int, batches: int = 10,
+def throughput_ci(frame: pl.DataFrame, summary: dict[str, Any], batches: int = 10,
                   ) -> dict[str, list[float] | None]:
     """95 % intervals of the throughputs by batch means over equal time slices.
 
@@ -283,8 +283,10 @@ def throughput_ci(frame: pl.DataFrame, gpus: int, batches: int = 10,
     it is not bootstrapped: the window is cut into ``batches`` equal slices, each
     request's tokens are spread over the time it spent on them (prompt tokens over
     send..first token, output tokens over first..last token), and the spread of the
-    slices' rates gives a t interval around the run's own value.
+    slices' rates gives a t interval around the run's own value, taken from ``summary``
+    (the run's ``summarize``, so it is not computed twice).
     """
+    gpus = int(summary.get("gpus") or 1)
     keys = ("output_throughput_tok_s", "decode_throughput_tok_s", "throughput_per_gpu_tok_s")
     ok = frame.filter((pl.col("phase") == "measure") & pl.col("ok")
                       & pl.col("first_token_ns").is_not_null())
@@ -310,11 +312,10 @@ def throughput_ci(frame: pl.DataFrame, gpus: int, batches: int = 10,
             "decode_throughput_tok_s": np.where(decoding > 0, decode_tok / decoding, np.nan),
             "throughput_per_gpu_tok_s": (out_tok + in_tok) / slice_s / max(gpus, 1),
         }
-    centre = summarize(frame, gpus)
     result: dict[str, list[float] | None] = {}
     for key, series in rates.items():
         series = series[np.isfinite(series)]
-        value = centre.get(key)
+        value = summary.get(key)
         if len(series) < 3 or value is None:
             result[key] = None
             continue

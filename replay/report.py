@@ -253,7 +253,7 @@ def render_html(summary: dict[str, Any], run: dict[str, Any], frame: pl.DataFram
     title = (f"agentload run: {run.get('trace', {}).get('name', '?')} on "
              f"{run.get('target', {}).get('label', '?')}")
     label = str((run.get("arm") or {}).get("name") or run.get("target", {}).get("label", "run"))
-    tables = figs.RunTables(frame, server if server is not None else pl.DataFrame())
+    tables = figs.RunTables.of(frame, server if server is not None else pl.DataFrame())
     runs = [(label, tables)]
     parts = [f'<div class="{"bad" if w.startswith("INVALID") else "warn"}">{esc(w)}</div>'
              for w in warnings(summary, run)]
@@ -285,7 +285,7 @@ def write_reports(run_dir: Path, summary: dict[str, Any], run: dict[str, Any],
                   frame: pl.DataFrame) -> tuple[Path, Path]:
     md = run_dir / "report.md"
     out = run_dir / "report.html"
-    server = figs.RunTables.load(run_dir, frame).server
+    server = figs.read_server_metrics(run_dir)
     md.write_text(render_markdown(summary, run, frame))
     out.write_text(render_html(summary, run, frame, server))
     return md, out

@@ -536,8 +536,7 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
     if outcome is not None:
         summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
                     "stop_reason": outcome["stop_reason"]}
-    summary["ci95"] = bootstrap_ci(frame) | throughput_ci(
-        frame, int(run.get("target", {}).get("gpus", 1)))
+    summary["ci95"] = bootstrap_ci(frame) | throughput_ci(frame, summary)
     summary["steady_state"] = steady_state(frame)
     gpu_path = run_dir / GPU_METRICS_NAME
     summary["gpu_telemetry"] = (

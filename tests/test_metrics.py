@@ -166,14 +166,15 @@ def test_throughput_intervals_are_batch_means_around_the_run_value() -> None:
 
     steady = request_frame([row(i, sent=i * 1.0, ttft=0.1, e2el=1.1, osl=101)
                             for i in range(40)])
-    ci = throughput_ci(steady, gpus=1)
+    ci = throughput_ci(steady, summarize(steady, gpus=1))
     value = summarize(steady, gpus=1)["output_throughput_tok_s"]
     lo, hi = ci["output_throughput_tok_s"]
     assert lo < value < hi and (hi - lo) / value < 0.1  # a steady run: a narrow interval
     # Most tokens in one early burst, then a trickle: the slices differ, the interval widens.
     bursty = request_frame([row(i, sent=i * 0.1 if i < 30 else 3 + (i - 29) * 4.0, ttft=0.1,
                                 e2el=1.1, osl=101) for i in range(40)])
-    lo_b, hi_b = throughput_ci(bursty, gpus=1)["output_throughput_tok_s"]
+    lo_b, hi_b = throughput_ci(bursty, summarize(bursty, gpus=1))["output_throughput_tok_s"]
     assert (hi_b - lo_b) > 3 * (hi - lo)
     assert isinstance(lo_b, float)
-    assert throughput_ci(steady.head(5), gpus=1)["output_throughput_tok_s"] is None
+    short = steady.head(5)
+    assert throughput_ci(short, summarize(short, gpus=1))["output_throughput_tok_s"] is None
