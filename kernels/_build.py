@@ -41,7 +41,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "add_rmsnorm":
         h, s = int(g("h")), int(g("s"))
         m = cute.sym_int()
-        fn = _cute.AddRMSNorm(h, s, int(g("t")), bool(g("pdl", False)))
+        fn = _cute.AddRMSNorm(h, s, int(g("t")), bool(g("pdl", False)), int(g("c", 1)))
         return fn, (_t(BFloat16, (m, s, h)), _t(BFloat16, (m, h)), _t(BFloat16, (1, h)),
                     _t(BFloat16, (m, h)), _t(BFloat16, (m, h)), Float32(1e-6), stream)
     if spec.kind == "silu_mul":
@@ -52,7 +52,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "gemv":
         k, n, m = int(g("k")), int(g("n")), int(g("m"))
         res, norm = bool(g("res")), bool(g("norm"))
-        fn = _cute.Gemv(k, m, int(g("t")), int(g("opb")), res, norm, bool(g("pdl", False)))
+        fn = _cute.Gemv(k, m, int(g("t")), int(g("opb")), res, norm, bool(g("pdl", False)),
+                        bool(g("mma", False)))
         small = (1, 8)
         # x may be a row slice of a wider tensor (v of qkv): dynamic row stride, 16 B aligned.
         x = make_fake_tensor(BFloat16, (m, k), (cute.sym_int(divisibility=8), 1),

@@ -22,6 +22,8 @@ import operator
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 V = 8  # bf16 values per 16-byte access
 
@@ -36,6 +38,26 @@ def _vec_atom(cache: object | None = None) -> object:
 def _row_vec(t: object, row: object, col: object) -> object:
     """The 8-element vector ``col`` of row ``row`` of a 2-D row-major tensor."""
     return cute.local_tile(t, (1, V), (row, col))[0, None]
+
+
+@dsl_user_op
+def _store_cluster_f32(smem_ptr: object, rank: Int32, val: Float32, *, loc: object = None,
+                       ip: object = None) -> None:
+    """``st.shared::cluster.f32``: store ``val`` at ``smem_ptr``'s offset in CTA ``rank``'s
+    shared memory (the DSL's own store takes no distributed-shared pointer)."""
+    addr = llvm.ptrtoint(T.i32(), smem_ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    llvm.inline_asm(
+        res=None,
+        operands_=[addr, Int32(rank).ir_value(loc=loc, ip=ip),
+                   Float32(val).ir_value(loc=loc, ip=ip)],
+        asm_string="{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $0, $1; "
+                   "st.shared::cluster.f32 [ra], $2; }",
+        constraints="r,r,f,~{memory}",
+        has_side_effects=True,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
 
 
 @cute.jit
@@ -53,27 +75,40 @@ def _block_sum(val: Float32, warps: int, scratch: object) -> Float32:
 class AddRMSNorm:
     """``h = residual + sum_s x[:, s]``; ``out = h * rsqrt(mean(h^2) + eps) * w``.
 
-    One CTA per row; writes ``h`` (the new residual) and ``out``. ``slots`` > 1 folds the
-    MoE combine (sum of routed + shared expert outputs) into the same pass.
+    One CTA per row, or with ``cluster`` > 1 a thread-block cluster of that many CTAs per
+    row, each taking ``hidden / cluster`` columns (more SMs, so more bytes in flight at
+    small batch); their partial sums of squares meet through distributed shared memory
+    and one cluster barrier. Writes ``h`` (the new residual) and ``out``. ``slots`` > 1
+    folds the MoE combine (sum of routed + shared expert outputs) into the same pass.
     """
 
-    def __init__(self, hidden: int, slots: int, threads: int, pdl: bool = False) -> None:
-        self.H, self.S, self.T, self.pdl = hidden, slots, threads, pdl
-        self.NV = hidden // (threads * V)
+    def __init__(self, hidden: int, slots: int, threads: int, pdl: bool = False,
+                 cluster: int = 1) -> None:
+        self.H, self.S, self.T, self.pdl, self.C = hidden, slots, threads, pdl, cluster
+        self.NV = hidden // (cluster * threads * V)
         self.W = threads // 32
 
     @cute.jit
     def __call__(self, mX, mR, mW, mO, mRO, eps: Float32, stream):
         m = mR.shape[0]
-        self.kernel(mX, mR, mW, mO, mRO, eps).launch(
-            grid=[m, 1, 1], block=[self.T, 1, 1], stream=stream, use_pdl=self.pdl)
+        if cutlass.const_expr(self.C > 1):
+            self.kernel(mX, mR, mW, mO, mRO, eps).launch(
+                grid=[m * self.C, 1, 1], block=[self.T, 1, 1], cluster=[self.C, 1, 1],
+                stream=stream, use_pdl=self.pdl)
+        else:
+            self.kernel(mX, mR, mW, mO, mRO, eps).launch(
+                grid=[m, 1, 1], block=[self.T, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
                mRO: cute.Tensor, eps: Float32):
         tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
         T: cutlass.Constexpr = self.T
+        C: cutlass.Constexpr = self.C
+        row = bid // C
+        rank = bid - row * C  # CTA rank in the cluster (clusters tile the grid along x)
+        c0 = rank * (self.NV * T)  # this CTA's first column vector
         atom = _vec_atom()
         # Every load is issued before any store: the compiler cannot move loads past
         # stores to possibly-aliasing outputs, and one round trip beats NV of them.
@@ -82,12 +117,12 @@ class AddRMSNorm:
         wrs = []
         for i in cutlass.range_constexpr(self.NV):
             wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-            cute.copy(atom, _row_vec(mW, 0, i * T + tidx), wr)
+            cute.copy(atom, _row_vec(mW, 0, c0 + i * T + tidx), wr)
             wrs.append(wr)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # weights above; activations after this line
         for i in cutlass.range_constexpr(self.NV):
-            col = i * T + tidx
+            col = c0 + i * T + tidx
             rr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
             cute.copy(atom, _row_vec(mR, row, col), rr)
             rrs.append(rr)
@@ -114,9 +149,20 @@ class AddRMSNorm:
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Float32, cute.make_layout((self.W,)), byte_alignment=16)
         tot = _block_sum(ss, self.W, scratch)
+        if cutlass.const_expr(C > 1):
+            # Thread 0 writes this CTA's sum into slot ``rank`` of every CTA of the
+            # cluster (itself included); the barrier (release/acquire) makes them visible.
+            peers = smem.allocate_tensor(Float32, cute.make_layout((C,)), byte_alignment=16)
+            if tidx == 0:
+                for r in cutlass.range_constexpr(C):
+                    _store_cluster_f32(peers.iterator + rank, Int32(r), tot)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            tot = peers.load().reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
+                                      reduction_profile=0)
         rstd = cute.math.rsqrt(tot / Float32(self.H) + eps)
         for i in cutlass.range_constexpr(self.NV):
-            col = i * T + tidx
+            col = c0 + i * T + tidx
             cute.copy(atom, hbs[i], _row_vec(mRO, row, col))
             ob = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
             ob.store((vals[i] * rstd * wrs[i].load().to(Float32)).to(BFloat16))
@@ -156,19 +202,27 @@ class SiluMul:
 class Gemv:
     """Small-batch ``y[M, N] = x[M, K] @ W[N, K]^T`` (+ ``residual``), M unrolled (<= 16).
 
-    One CTA owns ``opb`` output rows over the whole K; each thread takes 8 bf16 of K per
-    tile (``threads * 8`` per tile); float32 accumulators; warp shuffle, then smem across
-    warps. With ``fuse_norm`` the epilogue also accumulates each row's sum of squares and
+    One CTA owns ``opb`` output rows over the whole K. Two main loops:
+
+    * FMA (any M): each thread takes 8 bf16 of K per tile (``threads * 8`` per tile),
+      float32 FMAs on CUDA cores; warp shuffle, then smem across warps.
+    * ``mma`` (M = 8): tensor cores, ``mma.sync.m16n8k16`` bf16 -> f32 with 16 weight
+      rows as A and the 8 activation rows as B, so neither side is converted to float32
+      and one 16-byte x load serves 16 outputs. Each warp takes every ``warps``-th
+      32-wide K chunk (the CTA's warps split K); the partial 16x8 tiles are summed in smem.
+
+    With ``fuse_norm`` the epilogue also accumulates each row's sum of squares and
     the last CTA to finish (a global counter) writes ``rmsnorm(y) * w`` for all rows: the
     o-projection + residual + next RMSNorm chain in one launch.
     """
 
     def __init__(self, k: int, rows: int, threads: int, opb: int, residual: bool,
-                 fuse_norm: bool = False, pdl: bool = False) -> None:
+                 fuse_norm: bool = False, pdl: bool = False, mma: bool = False) -> None:
         self.K, self.M, self.T, self.OPB, self.pdl = k, rows, threads, opb, pdl
-        self.residual, self.fuse_norm = residual, fuse_norm
+        self.residual, self.fuse_norm, self.mma = residual, fuse_norm, mma
         self.NKT = k // (threads * V)
         self.W = threads // 32
+        self.NE = (rows * opb + threads - 1) // threads  # epilogue passes over outputs
 
     @cute.jit
     def __call__(self, mX, mW, mR, mY, mNW, mNO, mWs, mCnt, eps: Float32, stream):
@@ -178,24 +232,16 @@ class Gemv:
             grid=[n // self.OPB, 1, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
             min_blocks_per_mp=1, use_pdl=self.pdl)
 
-    @cute.kernel
-    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
-               mNW: cute.Tensor, mNO: cute.Tensor, mWs: cute.Tensor, mCnt: cute.Tensor,
-               eps: Float32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bid, _, _ = cute.arch.block_idx()
-        nblocks, _, _ = cute.arch.grid_dim()
-        warp = cute.arch.warp_idx()
-        lane = cute.arch.lane_idx()
+    @cute.jit
+    def fma_loop(self, mX, mW, part, n0, tidx, warp, lane):
+        """CUDA-core main loop; leaves ``part[m * OPB + j, warp]`` = the warp's partials."""
         M: cutlass.Constexpr = self.M
         OPB: cutlass.Constexpr = self.OPB
         T: cutlass.Constexpr = self.T
-        NW: cutlass.Constexpr = self.W
         ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
         ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
         acc = cute.make_rmem_tensor(cute.make_layout((M, OPB), stride=(OPB, 1)), Float32)
         acc.fill(0.0)
-        n0 = bid * OPB
 
         def load_w(kt: int) -> list:
             tiles = []
@@ -239,36 +285,136 @@ class Gemv:
         for m in cutlass.range_constexpr(M):
             for j in cutlass.range_constexpr(OPB):
                 acc[m, j] = cute.arch.warp_reduction_sum(acc[m, j])
-        smem = cutlass.utils.SmemAllocator()
-        part = smem.allocate_tensor(
-            Float32, cute.make_layout((M * OPB, NW), stride=(NW, 1)), byte_alignment=16)
-        flag = smem.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
         if lane == 0:
             for m in cutlass.range_constexpr(M):
                 for j in cutlass.range_constexpr(OPB):
                     part[m * OPB + j, warp] = acc[m, j]
+
+    @cute.jit
+    def mma_loop(self, mX, mW, part, n0, warp, lane):
+        """Tensor-core main loop (M = 8); leaves ``part[m * OPB + j, warp]``.
+
+        K is a sum, so any permutation of it used for both A and B gives the same
+        product. Lane (g = lane / 4, t = lane % 4) loads 16 bytes at K offset
+        ``chunk * 32 + t * 8`` of weight rows g and g + 8 and of token g; the fragment
+        order of ``m16n8k16`` (a0a1 = A[g, 2t..], a2a3 = A[g+8, 2t..], a4a5 = A[g, 2t+8..],
+        a6a7 = A[g+8, 2t+8..]; b0b1 = B[2t.., g], b2b3 = B[2t+8.., g]) then takes words
+        0-1 of each load for the first MMA and words 2-3 for the second: plain register
+        moves, no conversion, no shuffle.
+        """
+        OPB: cutlass.Constexpr = self.OPB
+        NW: cutlass.Constexpr = self.W
+        MT: cutlass.Constexpr = self.OPB // 16
+        NC: cutlass.Constexpr = self.K // (32 * self.W)  # chunks per warp
+        U: cutlass.Constexpr = 4  # chunks whose loads are issued together
+        ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
+        atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+        g = lane // 4
+        t = lane - g * 4
+        accs = []
+        for _mt in cutlass.range_constexpr(MT):
+            acc = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)  # (V, M, N)
+            acc.fill(0.0)
+            accs.append(acc)
+
+        def load_w(c0: int) -> list:
+            out = []
+            for c in cutlass.range_constexpr(c0, min(c0 + U, NC)):
+                col = (c * NW + warp) * 4 + t
+                for mt in cutlass.range_constexpr(MT):
+                    for h in cutlass.range_constexpr(2):
+                        wr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                        cute.copy(ld_w, _row_vec(mW, n0 + mt * 16 + h * 8 + g, col), wr)
+                        out.append(wr)
+            return out
+
+        wnext = load_w(0)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        for c0 in cutlass.range_constexpr(0, NC, U):
+            wv = wnext
+            if cutlass.const_expr(c0 + U < NC):
+                wnext = load_w(c0 + U)
+            xv = []
+            for c in cutlass.range_constexpr(c0, min(c0 + U, NC)):
+                xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_x, _row_vec(mX, g, (c * NW + warp) * 4 + t), xr)
+                xv.append(xr)
+            for ci in cutlass.range_constexpr(min(U, NC - c0)):
+                x32 = cute.recast_tensor(xv[ci], Int32)
+                for s in cutlass.range_constexpr(2):
+                    b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
+                    b32 = cute.recast_tensor(b, Int32)
+                    b32[0] = x32[2 * s]
+                    b32[1] = x32[2 * s + 1]
+                    for mt in cutlass.range_constexpr(MT):
+                        lo = cute.recast_tensor(wv[(ci * MT + mt) * 2], Int32)
+                        hi = cute.recast_tensor(wv[(ci * MT + mt) * 2 + 1], Int32)
+                        a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
+                        a32 = cute.recast_tensor(a, Int32)
+                        a32[0] = lo[2 * s]
+                        a32[1] = hi[2 * s]
+                        a32[2] = lo[2 * s + 1]
+                        a32[3] = hi[2 * s + 1]
+                        cute.gemm(atom, accs[mt], a, b, accs[mt])
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        # c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1] (row = output,
+        # column = token).
+        for mt in cutlass.range_constexpr(MT):
+            for h in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(2):
+                    m = 2 * t + q
+                    j = mt * 16 + h * 8 + g
+                    part[m * OPB + j, warp] = accs[mt][h * 2 + q]
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
+               mNW: cute.Tensor, mNO: cute.Tensor, mWs: cute.Tensor, mCnt: cute.Tensor,
+               eps: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        nblocks, _, _ = cute.arch.grid_dim()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        M: cutlass.Constexpr = self.M
+        OPB: cutlass.Constexpr = self.OPB
+        T: cutlass.Constexpr = self.T
+        NW: cutlass.Constexpr = self.W
+        n0 = bid * OPB
+        smem = cutlass.utils.SmemAllocator()
+        part = smem.allocate_tensor(
+            Float32, cute.make_layout((M * OPB, NW), stride=(NW, 1)), byte_alignment=16)
+        flag = smem.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
+        if cutlass.const_expr(self.mma):
+            self.mma_loop(mX, mW, part, n0, warp, lane)
+        else:
+            self.fma_loop(mX, mW, part, n0, tidx, warp, lane)
         cute.arch.sync_threads()
         sq = Float32(0.0)
-        if tidx < M * OPB:
-            m = tidx // OPB
-            j = tidx - m * OPB
-            tot = part[tidx, None].load().reduce(cute.ReductionOp.ADD, init_val=Float32(0.0),
-                                                 reduction_profile=0)
-            if cutlass.const_expr(self.residual):
-                tot = tot + mR[m, n0 + j].to(Float32)
-            yb = Float32(tot).to(BFloat16)
-            mY[m, n0 + j] = yb
-            yf = yb.to(Float32)
-            sq = yf * yf
+        for e in cutlass.range_constexpr(self.NE):
+            idx = e * T + tidx
+            if idx < M * OPB:
+                m = idx // OPB
+                j = idx - m * OPB
+                tot = part[idx, None].load().reduce(cute.ReductionOp.ADD,
+                                                    init_val=Float32(0.0), reduction_profile=0)
+                if cutlass.const_expr(self.residual):
+                    tot = tot + mR[m, n0 + j].to(Float32)
+                yb = Float32(tot).to(BFloat16)
+                mY[m, n0 + j] = yb
+                yf = yb.to(Float32)
+                sq = yf * yf
         if cutlass.const_expr(self.fuse_norm):
-            # One atomic per row per CTA: the OPB squares of a row sit in OPB adjacent
-            # lanes of warp 0 (M * OPB <= 32), summed by shuffles first.
-            if warp == 0:
-                sq = cute.arch.warp_reduction(sq, operator.add, threads_in_group=OPB)
-                if tidx < M * OPB and tidx % OPB == 0:
-                    cute.arch.atomic_add(mWs.iterator + tidx // OPB, sq, sem="relaxed",
-                                         scope="gpu")
-                cute.arch.fence_acq_rel_gpu()  # the y stores and sums, before the count
+            # One atomic per row per CTA (specs: M * OPB <= threads, one pass): the OPB
+            # squares of a row sit in OPB adjacent lanes (OPB divides 32), summed by
+            # shuffles first.
+            sq = cute.arch.warp_reduction(sq, operator.add, threads_in_group=OPB)
+            if tidx < M * OPB and tidx % OPB == 0:
+                cute.arch.atomic_add(mWs.iterator + tidx // OPB, sq, sem="relaxed",
+                                     scope="gpu")
+            cute.arch.fence_acq_rel_gpu()  # the y stores and sums, before the count
             cute.arch.sync_threads()
             if tidx == 0:
                 old = cute.arch.atomic_add(mCnt.iterator, Int32(1), sem="acq_rel", scope="gpu")

@@ -39,6 +39,7 @@ from agentload.kernels.presets import (
     SILU_INTER,
     LayerConfig,
     gemv_variants,
+    norm_variants,
 )
 
 _BF16 = torch.bfloat16
@@ -129,6 +130,8 @@ class Report:
         self.layers: list[dict[str, Any]] = []
         self.trace: list[dict[str, Any]] = []
         self.checks: list[dict[str, Any]] = []
+        self.variants: list[dict[str, Any]] = []
+        self.floors: list[dict[str, Any]] = []
 
     def check(self, name: str, err: float, tol: float) -> None:
         ok = err <= tol
@@ -161,7 +164,8 @@ class Report:
             "ceilings": {"gpu": self.ceil.gpu, "copy_gbps": self.ceil.copy_gbps,
                          "bf16_tflops": self.ceil.bf16_tflops},
             "ops": self.ops, "layers": self.layers, "trace": self.trace,
-            "checks": self.checks}, indent=1, default=str))
+            "checks": self.checks, "gemv_variants": self.variants, "floors": self.floors},
+            indent=1, default=str))
 
 
 # -- per-op ---------------------------------------------------------------------------------
@@ -174,16 +178,33 @@ def bench_norm(rep: Report, hidden: int, batch: int) -> None:
     rs = [torch.randn(batch, hidden, device="cuda").to(_BF16) for _ in range(sets)]
     outs = [_poisoned((batch, hidden)) for _ in range(sets)]
     ros = [_poisoned((batch, hidden)) for _ in range(sets)]
-    ops.add_rmsnorm(xs[0], rs[0], w, out=outs[0], residual_out=ros[0])
     ref_o, ref_h = reference.add_rmsnorm(xs[0], rs[0], w)
-    rep.check(f"add_rmsnorm h{hidden} b{batch} out", reference.rel_err(outs[0], ref_o),
-              reference.BF16_TOL)
-    rep.check(f"add_rmsnorm h{hidden} b{batch} h", reference.rel_err(ros[0], ref_h),
-              reference.BF16_TOL)
-    def ours_norm(i: int) -> Any:
-        return ops.add_rmsnorm(xs[i], rs[i], w, out=outs[i], residual_out=ros[i])
+    best: tuple[float, str] | None = None
+    for spec in norm_variants(hidden):
+        c = int(spec.get("c", 1))
+        tag = f"t{spec.get('t')} cluster {c}"
+        outs[0].fill_(float("nan"))
+        ros[0].fill_(float("nan"))
+        try:
+            ops.add_rmsnorm(xs[0], rs[0], w, out=outs[0], residual_out=ros[0], cluster=c)
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip {spec.key()}: {str(exc)[:120]}", flush=True)
+            continue
+        rep.check(f"add_rmsnorm h{hidden} b{batch} {tag} out",
+                  reference.rel_err(outs[0], ref_o), reference.BF16_TOL)
+        rep.check(f"add_rmsnorm h{hidden} b{batch} {tag} h",
+                  reference.rel_err(ros[0], ref_h), reference.BF16_TOL)
 
-    ours = graph_us([partial(ours_norm, i) for i in range(sets)])
+        def ours_norm(i: int, cc: int) -> Any:
+            return ops.add_rmsnorm(xs[i], rs[i], w, out=outs[i], residual_out=ros[i],
+                                   cluster=cc)
+
+        us = graph_us([partial(ours_norm, i, c) for i in range(sets)])
+        rep.variants.append({"op": f"add+rmsnorm h{hidden}", "rows": batch, "variant": tag,
+                             "us": us})
+        if best is None or us < best[0]:
+            best = (us, tag)
+    assert best is not None, f"no add+rmsnorm variant for hidden {hidden} could run"
 
     def torch_norm(i: int) -> Any:
         h = xs[i] + rs[i]
@@ -192,7 +213,47 @@ def bench_norm(rep: Report, hidden: int, batch: int) -> None:
 
     tt = graph_us([partial(torch_norm, i) for i in range(sets)])
     kt = kernel_count(partial(torch_norm, 0))
-    rep.op(f"add+rmsnorm h{hidden}", batch, nbytes, ours, tt, 1, kt)
+    rep.op(f"add+rmsnorm h{hidden}", batch, nbytes, best[0], tt, 1, kt, note=f"best {best[1]}")
+
+
+def bench_floor(rep: Report, hidden: int, batch: int) -> None:
+    """The physical floor for an op of add+RMSNorm's size, timed exactly like the op.
+
+    Under the same CUDA-graph replay and rotating buffers: an empty kernel
+    (``torch.cuda._sleep(0)``: a launch that does nothing) and a torch ``copy_`` moving the
+    op's byte count (half read, half written). The op's share of both is printed.
+    """
+    nbytes = 4 * batch * hidden * 2 + hidden * 2
+    half = nbytes // 2 // 2  # bf16 elements read (= written) by the copy
+    sets = _sets(nbytes, rep.ceil.l2_bytes)
+    srcs = [torch.randn(half, device="cuda").to(_BF16) for _ in range(sets)]
+    dsts = [torch.empty(half, dtype=_BF16, device="cuda") for _ in range(sets)]
+
+    def copy(i: int) -> Any:
+        return dsts[i].copy_(srcs[i])
+
+    def empty() -> None:
+        torch.cuda._sleep(0)  # type: ignore[no-untyped-call]
+
+    copy_us = graph_us([partial(copy, i) for i in range(sets)])
+    empty_us = graph_us([empty] * sets)
+    op = next((r for r in reversed(rep.ops) if r["op"] == f"add+rmsnorm h{hidden}"
+               and r["batch"] == batch), None)
+    ours: float | None = None if op is None else op["ours_us"]
+    gb = rep.ceil.copy_gbps
+    row: dict[str, Any] = {
+           "hidden": hidden, "batch": batch, "bytes": 2 * half * 2, "copy_us": copy_us,
+           "copy_pct_ceiling": 2 * half * 2 / (copy_us * 1e-6) / 1e9 / gb * 100,
+           "empty_kernel_us": empty_us, "ours_us": ours,
+           "ours_pct_of_same_size_copy": None if ours is None else copy_us / ours * 100,
+           "ours_pct_ceiling": None if ours is None else nbytes / (ours * 1e-6) / 1e9 / gb * 100}
+    rep.floors.append(row)
+    print(f"floor h{hidden} b{batch}: empty kernel {empty_us:.2f} µs; copy_ of "
+          f"{row['bytes'] / 1e6:.2f} MB {copy_us:.2f} µs ({row['copy_pct_ceiling']:.1f} % of the "
+          f"ceiling); ours {ours if ours is None else round(ours, 2)} µs = "
+          f"{row['ours_pct_ceiling'] or 0:.1f} % of the ceiling, "
+          f"{row['ours_pct_of_same_size_copy'] or 0:.1f} % of the same-size copy", flush=True)
+    rep.save()
 
 
 def bench_silu(rep: Report, inter: int, batch: int) -> None:
@@ -225,20 +286,23 @@ def bench_gemv(rep: Report, name: str, k: int, n: int, rows: int) -> None:
     best: tuple[float, str] | None = None
     for spec in gemv_variants(k, n, rows):
         opb, t = int(spec.get("opb")), int(spec.get("t"))
+        mma = bool(spec.get("mma", False))
+        tag = f"t{t} opb{opb}" + (" mma" if mma else "")
         ys[0].fill_(float("nan"))
         try:
-            ops.gemv(xs[0], ws[0], out=ys[0], opb=opb, threads=t)
+            ops.gemv(xs[0], ws[0], out=ys[0], opb=opb, threads=t, mma=mma)
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip {spec.key()}: {str(exc)[:120]}", flush=True)
             continue
-        rep.check(f"gemv {k}x{n} m{rows} t{t} opb{opb}", reference.rel_err(ys[0], ref),
+        rep.check(f"gemv {k}x{n} m{rows} {tag}", reference.rel_err(ys[0], ref),
                   reference.BF16_TOL)
-        def ours_gemv(i: int, o: int, tt: int) -> Any:
-            return ops.gemv(xs[i], ws[i], out=ys[i], opb=o, threads=tt)
+        def ours_gemv(i: int, o: int, tt: int, mm: bool) -> Any:
+            return ops.gemv(xs[i], ws[i], out=ys[i], opb=o, threads=tt, mma=mm)
 
-        us = graph_us([partial(ours_gemv, i, opb, t) for i in range(sets)])
+        us = graph_us([partial(ours_gemv, i, opb, t, mma) for i in range(sets)])
+        rep.variants.append({"op": name, "rows": rows, "variant": tag, "us": us})
         if best is None or us < best[0]:
-            best = (us, f"t{t} opb{opb}")
+            best = (us, tag)
     def cublas_gemv(i: int) -> Any:
         return torch.matmul(xs[i], ws[i].T, out=ys[i])
 
@@ -474,6 +538,9 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
                 bench_oproj(rep, cfg, b)
         # Where add+RMSNorm has enough bytes to leave launch latency behind (scaling row).
         bench_norm(rep, 7168, 512)
+        # The floor at the target's size (and at b1 / b512 for the trend).
+        for b in (1, 64, 512):
+            bench_floor(rep, 7168, b)
     if not ops_only:
         layers = bench_layers(rep, cfg, batches, depth)
         if trace_dir is not None:

@@ -67,16 +67,17 @@ def _scratch(kind: str, device: torch.device, dtype: torch.dtype, n: int) -> tor
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                 eps: float = 1e-6, *, out: torch.Tensor | None = None,
-                residual_out: torch.Tensor | None = None, pdl: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                residual_out: torch.Tensor | None = None, pdl: bool = False,
+                cluster: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x`` (``x`` ``[M, H]``, or ``[M, S, H]`` summed over S), then
-    ``rmsnorm(h) * weight``. One kernel. Returns ``(normed, h)``, both ``[M, H]`` bf16."""
+    ``rmsnorm(h) * weight``. One kernel (``cluster`` CTAs per row). Returns
+    ``(normed, h)``, both ``[M, H]`` bf16."""
     _check(residual, "residual", _BF16, (None, None))
     m, h = residual.shape
     x3 = x.unsqueeze(1) if isinstance(x, torch.Tensor) and x.dim() == 2 else x
     _check(x3, "x", _BF16, (m, None, h))
     _check(weight, "weight", _BF16, (h,))
-    spec = add_rmsnorm_spec(h, x3.shape[1], pdl=pdl)
+    spec = add_rmsnorm_spec(h, x3.shape[1], pdl=pdl, cluster=cluster)
     o = _out(out, "out", _BF16, (m, h), residual)
     ro = _out(residual_out, "residual_out", _BF16, (m, h), residual)
     _cache.get(spec)(x3, residual, weight.view(1, h), o, ro, float(eps))
@@ -102,9 +103,11 @@ def _dummies(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None, *,
          out: torch.Tensor | None = None, opb: int | None = None,
-         threads: int | None = None, pdl: bool = False) -> torch.Tensor:
+         threads: int | None = None, pdl: bool = False, mma: bool | None = None
+         ) -> torch.Tensor:
     """``x @ w.T (+ residual)`` for ``x`` ``[M <= 16, K]`` (rows may be strided) and ``w``
-    ``[N, K]`` bf16; one kernel, weights streamed once. Returns ``[M, N]`` bf16."""
+    ``[N, K]`` bf16; one kernel, weights streamed once. Returns ``[M, N]`` bf16.
+    ``mma`` forces the tensor-core (8 rows) or the FMA loop; None picks (specs.gemv_spec)."""
     _check(x, "x", _BF16, (None, None), row_stride_ok=True)
     m, k = x.shape
     _check(w, "w", _BF16, (None, k))
@@ -112,7 +115,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
     if residual is not None:
         _check(residual, "residual", _BF16, (m, n))
     spec = gemv_spec(k, n, m, residual=residual is not None, opb=opb, threads=threads,
-                     pdl=pdl)
+                     pdl=pdl, mma=mma)
     y = _out(out, "out", _BF16, (m, n), x)
     small, f1 = _dummies(x.device)
     cnt = _scratch("cnt", x.device, torch.int32, 1)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agentload.kernels.specs import (
     GEMV_MAX_ROWS,
+    MMA_ROWS,
     KernelSpec,
     add_rmsnorm_spec,
     gemv_spec,
@@ -81,6 +82,7 @@ GEMV_SHAPES = (("gemv 7168x16384", 7168, 16384), ("gemv 16384x7168", 16384, 7168
 GEMV_ROWS = (1, 2, 4, 8)
 NORM_HIDDEN = (2048, 7168)
 SILU_INTER = (1024, 18432)
+NORM_CLUSTERS = (1, 2, 4)
 
 
 def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
@@ -93,8 +95,18 @@ def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
             continue
         if rows < 8 and (threads, opb) == (256, 8):
             continue
-        out.append(gemv_spec(k, n, rows, opb=opb, threads=threads))
+        out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=False))
+    if rows == MMA_ROWS:  # tensor cores: 16 or 32 outputs per CTA, K split over its warps
+        for threads, opb in ((128, 16), (64, 16), (256, 16), (256, 32)):
+            if k % threads == 0 and n % opb == 0:
+                out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=True))
     return out
+
+
+def norm_variants(hidden: int) -> list[KernelSpec]:
+    """add+RMSNorm variants the benchmark tries: one CTA per row, or a 2- or 4-CTA cluster."""
+    return [add_rmsnorm_spec(hidden, 1, cluster=c) for c in NORM_CLUSTERS
+            if (hidden // 8) % (32 * c) == 0]
 
 
 def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
@@ -109,7 +121,7 @@ def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
             specs += gemv_variants(k, n, rows)
             specs.append(gemv_spec(k, n, rows, residual=True))  # the tests' residual case
     for h in NORM_HIDDEN:
-        specs.append(add_rmsnorm_spec(h, 1))
+        specs += norm_variants(h)
     for i in SILU_INTER:
         specs.append(silu_mul_spec(i))
     for s in specs:

@@ -18,6 +18,7 @@ from agentload.kernels.errors import KernelsError
 Kind = Literal["add_rmsnorm", "silu_mul", "gemv", "grouped_gemv", "router"]
 VEC = 8  #: bf16 values per 16-byte access
 GEMV_MAX_ROWS = 16  #: above this batch the FP32-FMA GEMV loses to tensor cores
+MMA_ROWS = 8  #: the tensor-core GEMV's batch: the n = 8 of mma.sync m16n8k16
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
 
 
@@ -72,18 +73,26 @@ def check_dims(name: str, shape: tuple[int, ...], want: tuple[int | None, ...]) 
         raise KernelsError(f"{name} has shape {list(shape)}, expected {pretty}")
 
 
-def add_rmsnorm_spec(hidden: int, slots: int = 1, *, pdl: bool = False) -> KernelSpec:
-    """Fused residual add (+ sum of ``slots`` inputs) and RMSNorm over ``hidden``."""
+def add_rmsnorm_spec(hidden: int, slots: int = 1, *, pdl: bool = False,
+                     cluster: int = 1) -> KernelSpec:
+    """Fused residual add (+ sum of ``slots`` inputs) and RMSNorm over ``hidden``;
+    ``cluster`` CTAs per row (1, 2 or 4) split the row's columns."""
     if slots < 1 or slots > 16:
         raise KernelsError(f"slots must be 1..16, got {slots}")
     if hidden % VEC:
         raise KernelsError(f"hidden {hidden} must be a multiple of {VEC}")
+    if cluster not in (1, 2, 4) or (hidden // VEC) % cluster:
+        raise KernelsError(f"cluster must be 1, 2 or 4 and split hidden / 8 = {hidden // VEC} "
+                           f"evenly, got {cluster}")
     # Aim for 2 vectors per thread (short dependency chains, one load round trip).
-    vecs = hidden // VEC
+    vecs = hidden // VEC // cluster
     options = [t for t in range(32, 1025, 32) if vecs % t == 0]
     if not options:
-        raise KernelsError(f"hidden {hidden} / 8 must be divisible by a multiple of 32")
+        raise KernelsError(f"hidden {hidden} / 8 / cluster {cluster} must be divisible by a "
+                           "multiple of 32")
     threads = min(options, key=lambda t: (abs(vecs // t - 2), -t))
+    if cluster > 1:  # joins the key only when on, so the one-CTA keys stay what they were
+        return _spec("add_rmsnorm", pdl, h=hidden, s=slots, t=threads, c=cluster)
     return _spec("add_rmsnorm", pdl, h=hidden, s=slots, t=threads)
 
 
@@ -96,21 +105,47 @@ def silu_mul_spec(inter: int) -> KernelSpec:
 
 def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
               fuse_norm: bool = False, opb: int | None = None,
-              threads: int | None = None, pdl: bool = False) -> KernelSpec:
-    """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm."""
+              threads: int | None = None, pdl: bool = False,
+              mma: bool | None = None) -> KernelSpec:
+    """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm.
+
+    ``mma`` picks the tensor-core main loop (8 rows only; the default there whenever the
+    shape allows it: 16 outputs per CTA, 128 threads); the FMA loop otherwise.
+    """
     if not 1 <= rows <= GEMV_MAX_ROWS:
         raise KernelsError(f"GEMV handles 1..{GEMV_MAX_ROWS} rows, got {rows}")
-    t = threads or _threads_for(k, (128, 64, 256, 32))
-    if k % (t * VEC):
-        raise KernelsError(f"K {k} must be a multiple of threads*8 = {t * VEC}")
-    o = opb or 4
-    if n % o:
-        raise KernelsError(f"N {n} must be a multiple of outputs per block {o}")
-    if t < 32 or t % 32 or rows * o > t:
-        raise KernelsError(f"bad GEMV tile: threads {t}, rows {rows}, outputs per block {o}")
-    if fuse_norm and rows * o > 32:
-        raise KernelsError(f"the fused norm needs rows * outputs per block <= 32, got {rows * o}")
-    return _spec("gemv", pdl, k=k, n=n, m=rows, t=t, opb=o, res=residual, norm=fuse_norm)
+    if mma is None:
+        mma = (rows == MMA_ROWS and opb in (None, 16, 32) and threads in (None, 64, 128, 256)
+               and k % (threads or 128) == 0 and n % (opb or 16) == 0)
+    if mma:
+        t = threads or 128
+        o = opb or 16
+        if rows != MMA_ROWS:
+            raise KernelsError(f"the tensor-core GEMV takes exactly {MMA_ROWS} rows, got {rows}")
+        if t % 32 or not 32 <= t <= 1024 or k % t:
+            # each warp takes 32-wide K chunks in turn: the CTA covers threads values a step
+            raise KernelsError(f"tensor-core GEMV: K {k} must be a multiple of the threads "
+                               f"{t} (a multiple of 32)")
+        if o not in (16, 32) or n % o:
+            raise KernelsError(f"tensor-core GEMV: outputs per block must be 16 or 32 and "
+                               f"divide N {n}, got {o}")
+    else:
+        t = threads or _threads_for(k, (128, 64, 256, 32))
+        if k % (t * VEC):
+            raise KernelsError(f"K {k} must be a multiple of threads*8 = {t * VEC}")
+        o = opb or 4
+        if n % o:
+            raise KernelsError(f"N {n} must be a multiple of outputs per block {o}")
+        if t < 32 or t % 32 or rows * o > t:
+            raise KernelsError(f"bad GEMV tile: threads {t}, rows {rows}, outputs per block {o}")
+    if fuse_norm and (rows * o > t or 32 % o):
+        raise KernelsError(f"the fused norm needs rows * outputs per block <= threads and "
+                           f"outputs per block dividing 32, got {rows} x {o} on {t} threads")
+    items: dict[str, int | bool] = {"k": k, "n": n, "m": rows, "t": t, "opb": o,
+                                    "res": residual, "norm": fuse_norm}
+    if mma:  # joins the key only when on, so the FMA variants keep their keys
+        items["mma"] = True
+    return _spec("gemv", pdl, **items)
 
 
 def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,

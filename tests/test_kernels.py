@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from agentload.kernels import KernelsError, LayerConfig, bench_specs
+from agentload.kernels.presets import gemv_variants
 from agentload.kernels.specs import (
     add_rmsnorm_spec,
     check_dims,
@@ -45,6 +46,10 @@ def test_spec_keys_are_unique_and_file_safe() -> None:
 def test_shape_rules() -> None:
     assert add_rmsnorm_spec(7168).get("t") == 448  # 7168 = 448 threads * 8 * 2 vectors
     assert add_rmsnorm_spec(2048, 3).get("s") == 3
+    assert add_rmsnorm_spec(7168, cluster=2).key() == "addrmsnorm-h7168-s1-t224-c2"
+    assert add_rmsnorm_spec(7168, cluster=4).get("t") == 224  # 1 vector per thread
+    with pytest.raises(KernelsError, match="cluster"):
+        add_rmsnorm_spec(7168, cluster=3)
     with pytest.raises(KernelsError, match="multiple of 8"):
         add_rmsnorm_spec(2050)
     with pytest.raises(KernelsError, match=r"1\.\.16 rows"):
@@ -65,6 +70,26 @@ def test_shape_rules() -> None:
         silu_mul_spec(1001)
     with pytest.raises(KernelsError, match=r"expected \[2, \*\]"):
         check_dims("x", (3, 4), (2, None))
+
+
+def test_gemv_picks_tensor_cores_at_eight_rows() -> None:
+    spec = gemv_spec(7168, 16384, 8)
+    assert spec.key() == "gemv-k7168-n16384-m8-t128-opb16-res0-norm0-mma1"
+    assert gemv_spec(2048, 2048, 8, residual=True, fuse_norm=True).get("mma") is True
+    assert gemv_spec(7168, 16384, 4).get("mma", False) is False  # FMA below 8 rows
+    assert gemv_spec(7168, 16384, 8, opb=4).get("mma", False) is False  # FMA tile asked
+    assert gemv_spec(7168, 16384, 8, mma=False).get("opb") == 4
+    with pytest.raises(KernelsError, match="exactly 8 rows"):
+        gemv_spec(2048, 2048, 4, mma=True)
+    with pytest.raises(KernelsError, match="16 or 32"):
+        gemv_spec(2048, 2048, 8, opb=8, mma=True)
+    with pytest.raises(KernelsError, match="multiple of the threads"):
+        gemv_spec(2112, 2048, 8, threads=128, mma=True)
+    with pytest.raises(KernelsError, match="fused norm"):
+        gemv_spec(2048, 2048, 8, opb=32, threads=128, mma=True, fuse_norm=True)
+    variants = [s.key() for s in gemv_variants(7168, 16384, 8)]
+    assert sum(k.endswith("mma1") for k in variants) == 4
+    assert all("mma" not in s.key() for s in gemv_variants(7168, 16384, 4))
 
 
 def test_layer_bytes_match_the_anchor() -> None:

@@ -37,6 +37,24 @@ def test_add_rmsnorm(batch: int, hidden: int, slots: int) -> None:
     assert ref.rel_err(h, want_h) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize("hidden", [2048, 7168])
+def test_add_rmsnorm_cluster(cluster: int, hidden: int) -> None:
+    # Rows of very different scale: a CTA that used another row's (or only its own)
+    # sum of squares would be far off.
+    batch = 64
+    x = rnd(batch, hidden)
+    r = (torch.randn(batch, hidden, device="cuda")
+         * torch.linspace(0.1, 10, batch, device="cuda")[:, None]).to(BF)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(BF)
+    out, h = nan(batch, hidden), nan(batch, hidden)
+    ops.add_rmsnorm(x, r, w, out=out, residual_out=h, cluster=cluster)
+    want_o, want_h = ref.add_rmsnorm(x, r, w)
+    assert ref.rel_err(out, want_o) < ref.BF16_TOL
+    assert ref.rel_err(out[:8], want_o[:8]) < ref.BF16_TOL  # the small rows too
+    assert ref.rel_err(h, want_h) < ref.BF16_TOL
+
+
 @pytest.mark.parametrize("batch", [1, 64])
 def test_silu_mul(batch: int) -> None:
     x, out = rnd(batch, 2 * 1024), nan(batch, 1024)
@@ -56,11 +74,27 @@ def test_gemv(rows: int, k: int, n: int) -> None:
     assert ref.rel_err(y, ref.gemv(x, w, res)) < ref.BF16_TOL
 
 
-def test_gemv_strided_rows() -> None:
-    qkv = rnd(4, 3 * 2048)
+@pytest.mark.parametrize("rows", [4, 8])  # 8 rows: the tensor-core loop reads x rows too
+def test_gemv_strided_rows(rows: int) -> None:
+    qkv = rnd(rows, 3 * 2048)
     w = rnd(6144, 2048, scale=2048 ** -0.5)
     v = qkv[:, 4096:]
     assert ref.rel_err(ops.gemv(v, w), ref.gemv(v, w)) < ref.BF16_TOL
+
+
+@pytest.mark.parametrize(("threads", "opb", "mma"), [(128, 16, True), (64, 16, True),
+                                                      (256, 32, True), (128, 8, False)])
+def test_gemv_8_rows_tensor_core_and_fma_variants(threads: int, opb: int, mma: bool) -> None:
+    # Rows of x and of W scaled apart, so a token or an output row swapped in the
+    # fragment mapping shows as a large error, not a rounding-sized one.
+    k, n = 7168, 16384
+    x = (torch.randn(8, k, device="cuda") * torch.arange(1, 9, device="cuda")[:, None]).to(BF)
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5
+         * (1 + torch.arange(n, device="cuda")[:, None] % 7)).to(BF)
+    y = nan(8, n)
+    ops.gemv(x, w, out=y, threads=threads, opb=opb, mma=mma)
+    assert ref.rel_err(y, ref.gemv(x, w)) < ref.BF16_TOL
+    assert ref.rel_err(y[3], ref.gemv(x, w)[3]) < ref.BF16_TOL
 
 
 @pytest.mark.parametrize("batch", [1, 8])
