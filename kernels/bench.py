@@ -6,7 +6,9 @@ the measured copy ceiling, the kernel count, and the same for the torch version.
 layer (the scaled-down MoE layer of ``layer.py``): standard eager, standard under a CUDA
 graph, fused eager, fused under a CUDA graph and torch.compile, against the layer's
 weight-streaming speed of light. Every kernel result is checked against its float64
-reference (outputs poisoned with NaN first) before it is timed.
+reference (outputs poisoned with NaN first) before it is timed. GEMV and add+RMSNorm time
+every tile variant and report the best (all variants go to the JSON); add+RMSNorm at
+hidden 7168 is also set against its floor: an empty kernel and a same-size ``copy_``.
 
 Timing (METHOD.md): a CUDA graph of one call per rotating buffer set (sets together
 > 4x L2), replayed after warm-up; the median replay over the calls in it is the per-call
