@@ -155,41 +155,80 @@ async def _follow(client: httpx.AsyncClient, url: str, payload: bytes, hdrs: dic
             return
         buffer = b""
         stamps = stamps_of(resp)
-        user: int | None = None
         async for raw in resp.aiter_raw():
-            if stamps is None:
-                now = time.perf_counter_ns()
-            else:
-                # The transport's stamps of the read these bytes came from.
-                user = stamps.user_ns
-                now = stamps.kernel_ns if stamps.kernel_ns is not None else user
-                if stamps.kernel_ns is not None and result.chunk_user_ns is None:
-                    result.chunk_user_ns = []
+            base = len(buffer)
             buffer += raw
             if b"\n\n" not in buffer:
                 continue
-            *events, buffer = buffer.split(b"\n\n")
-            before = result.chunks
-            for event in events:
-                _handle_event(event, now, result)
-            got = result.chunks - before
-            if got:
-                result.reads += 1
-                if got > 1:
-                    result.multi_event_reads += 1
-                    if got > result.max_events_per_read:
-                        result.max_events_per_read = got
-                elif not result.max_events_per_read:
-                    result.max_events_per_read = 1
-                if result.chunk_user_ns is not None and user is not None:
-                    result.chunk_user_ns.extend([user] * got)
+            batch = stamps.batch if stamps is not None else None
+            if batch is None:
+                now = time.perf_counter_ns()
+                batch = [(len(raw), now, None)]
+            _handle_events(buffer, base, batch, result)
             if result.error is not None:
                 return
+            buffer = buffer[buffer.rfind(b"\n\n") + 2:]
         if buffer.strip():
             before = result.chunks
             _handle_event(buffer, time.perf_counter_ns(), result)
             if result.chunk_user_ns is not None and result.chunks > before:
                 result.chunk_user_ns.append(result.chunk_ns[-1])
+
+
+def _handle_events(buffer: bytes, base: int, batch: list[tuple[int, int, int | None]],
+                   result: StreamResult) -> None:
+    """Apply every complete SSE event in ``buffer``; bytes from ``base`` on are the new
+    item, made of the reads in ``batch`` (``(end offset in the item, Python stamp,
+    kernel stamp)``). An event is stamped with the read its end (``\n\n``) arrived in:
+    the kernel's stamp where there is one, else the Python stamp."""
+    start = 0
+    find = buffer.find
+    i, n = 0, len(batch)
+    read_end, user, kernel = batch[0]
+    read_end += base
+    got = 0  # token events that ended in read i
+    user_list = result.chunk_user_ns
+    while True:
+        end = find(b"\n\n", start)
+        if end < 0:
+            break
+        # The separator's last byte (end + 1) came in the first read reaching past it.
+        if end + 1 >= read_end:
+            _close_read(result, got)
+            got = 0
+            while end + 1 >= read_end and i + 1 < n:
+                i += 1
+                read_end, user, kernel = batch[i]
+                read_end += base
+        if kernel is not None and user_list is None:
+            user_list = result.chunk_user_ns = []
+        before = result.chunks
+        event = buffer[start:end]
+        if event.startswith(b"data: ") and b"\n" not in event:
+            _handle_data(event[6:], kernel if kernel is not None else user, result)
+        else:
+            _handle_event(event, kernel if kernel is not None else user, result)
+        start = end + 2
+        if result.chunks > before:
+            got += 1
+            if user_list is not None:
+                user_list.append(user)
+        if result.error is not None:
+            break
+    _close_read(result, got)
+
+
+def _close_read(result: StreamResult, got: int) -> None:
+    """Count one read's token events (> 1 means events waited: the client was behind)."""
+    if not got:
+        return
+    result.reads += 1
+    if got > 1:
+        result.multi_event_reads += 1
+        if got > result.max_events_per_read:
+            result.max_events_per_read = got
+    elif not result.max_events_per_read:
+        result.max_events_per_read = 1
 
 
 def _refused(exc: BaseException) -> bool:

@@ -51,9 +51,13 @@ RCVBUF = 8 << 20
 # Batched wake-ups: once a chunked body has started, the reader callback stamps and
 # queues every read at once but wakes the consumer only every LAZY_READS reads, after
 # LAZY_NS, or at the body's end. Stamps are taken in the callback, so this changes when
-# bytes are parsed, never when they are stamped; it saves a task switch per event.
+# bytes are parsed, never when they are stamped; it saves a task switch per event. A
+# woken body hands over every queued read as one ``aiter_raw`` item, with each read's
+# stamps and end offset in ``ReadStamps.batch``, so the generator layers run once per
+# wake-up, not once per read. The thresholds count per stream, and streams start at
+# different times, so wake-ups spread over the engine steps instead of bunching.
 LAZY_READS = 16
-LAZY_NS = 20_000_000
+LAZY_NS = 100_000_000
 IDLE_EXPIRY_NS = 4_000_000_000
 
 
@@ -89,11 +93,18 @@ _CLOCK = _Clock()
 
 @dataclass(slots=True)
 class ReadStamps:
-    """Stamps of the latest read of one response (ns, ``time.perf_counter_ns`` clock)."""
+    """Stamps of the reads behind the latest ``aiter_raw`` item of one response.
+
+    ``user_ns``/``kernel_ns`` are the latest read's (ns, ``time.perf_counter_ns``
+    clock); ``batch`` holds every read the item is made of, in order, as ``(end,
+    user_ns, kernel_ns)`` where ``end`` is the offset in the item just past that read's
+    decoded bytes (an item is one read or several queued ones).
+    """
 
     user_ns: int = 0
     kernel_ns: int | None = None
     reads: int = 0
+    batch: list[tuple[int, int, int | None]] | None = None
 
 
 class _Conn:
@@ -244,17 +255,17 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self.conn
-        buf = self.first
-        self.first = b""
         stamps = self.stamps
+        decode = self._decode_chunked if self.chunked else self._decode_plain
+        if self.first:
+            # The body bytes that came with the head, with the head read's stamps.
+            out = decode(self.first)
+            self.first = b""
+            if out:
+                stamps.batch = [(len(out), stamps.user_ns, stamps.kernel_ns)]
+                yield out
+        queue = conn.queue
         while not self.done:
-            if buf:
-                out = self._decode_chunked(buf) if self.chunked else self._decode_plain(buf)
-                buf = b""
-                if out:
-                    yield out
-                if self.done:
-                    break
             data, user, kernel = await conn.read(self.read_timeout)
             # After the first body read (the first token is parsed on time) wake-ups of
             # a chunked stream are batched; the stamps are the callback's either way.
@@ -266,9 +277,25 @@ class _Body(httpx.AsyncByteStream):
                 self.done = True
                 self.keep_alive = False
                 break
+            # Every read queued so far, decoded into one item.
+            parts: list[bytes] = []
+            marks: list[tuple[int, int, int | None]] = []
+            size = reads = 0
+            while True:
+                reads += 1
+                out = decode(data)
+                if out:
+                    parts.append(out)
+                    size += len(out)
+                    marks.append((size, user, kernel))
+                if self.done or not queue:
+                    break
+                data, user, kernel = queue.popleft()
             stamps.user_ns, stamps.kernel_ns = user, kernel
-            stamps.reads += 1
-            buf = data
+            stamps.reads += reads
+            if parts:
+                stamps.batch = marks
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
         # Everything was read: the connection can serve the next request.
         conn.lazy = False
         self._release()
