@@ -135,6 +135,25 @@ def window_rate(times_ns: np.ndarray, first_ns: int, last_ns: int) -> float:
     return inside / max((b - a) / 1e9, 1e-9)
 
 
+def timed_mask(gaps_ns: np.ndarray, first: np.ndarray, min_gap_ns: int) -> np.ndarray:
+    """Which token events were observed on their own (one boolean per event).
+
+    The emulator writes one event per stream per engine step, so consecutive events of a
+    stream are at least about one ITL apart when they are written. A client that fell
+    behind reads several at once (and stamps them within µs of each other): those
+    events were received but not timed. ``gaps_ns`` is each event's recorded gap from
+    the previous event of its request and ``first`` marks each request's first event
+    (always timed). The same rule is applied to every tool's recorded stamps.
+    """
+    return first | (gaps_ns >= min_gap_ns)
+
+
+def min_gap_ns(cfg: ClientBenchConfig) -> int:
+    """The shortest gap that counts as a separately timed event: a quarter of the ITL
+    (jitter moves steps by at most 0.7 ITL; coalesced events are µs apart)."""
+    return int(cfg.itl_ms * 1e6 / 4)
+
+
 def host_busy() -> tuple[int, int]:
     """(busy, total) jiffies of the whole host from /proc/stat, for other tenants' load."""
     try:
@@ -154,7 +173,7 @@ def busy_cores(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     return busy / total * (os.cpu_count() or 1)
 
 
-def merge(results: list[ShardResult]) -> dict[str, Any]:
+def merge(results: list[ShardResult], min_gap: int = 0) -> dict[str, Any]:
     """The shards' raw samples concatenated, and the figures computed from them exactly."""
     def cat(name: str) -> np.ndarray:
         return np.concatenate([np.frombuffer(getattr(r, name), dtype=np.int64)
@@ -181,6 +200,15 @@ def merge(results: list[ShardResult]) -> dict[str, Any]:
             if kernel:
                 into["kernel_minus_emit"] = _ms((event - emit)[sel])
                 into["python_minus_kernel"] = _ms((user - event)[sel])
+    # Per-request gaps of the recorded stamps: which events were timed on their own.
+    sizes = cat("request_events")
+    timed_rate = None
+    if sizes.size and int(sizes.sum()) == events:
+        starts = np.zeros(events, dtype=bool)
+        starts[np.concatenate(([0], np.cumsum(sizes)[:-1]))] = True
+        gaps = np.diff(event, prepend=event[:1])
+        timed = timed_mask(gaps, starts, min_gap)
+        timed_rate = window_rate(event[timed], first, last)
     ok = sum(r.ok for r in results)
     failed = sum(r.failed for r in results)
     errors: dict[str, int] = {}
@@ -198,6 +226,7 @@ def merge(results: list[ShardResult]) -> dict[str, Any]:
         "duration_s": duration,
         "events_per_s": window_rate(event, first, last),
         "events_per_s_overall": events / duration,
+        "timed_events_per_s": timed_rate,
         "cpu_s": cpu,
         "cpu_cores": cpu / duration,
         "cpu_per_event_us": (cpu / events * 1e6) if events else None,
@@ -241,7 +270,7 @@ def _run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
                        prompt_tokens=cfg.prompt_tokens, stagger_s=cfg.request_s(),
                        gc_mode="on" if cfg.gc_mode == "on" else "off")
              for i in range(cfg.workers) if lanes[i]]
-    return merge(run_shards(specs, EMULATOR_MODEL))
+    return merge(run_shards(specs, EMULATOR_MODEL), min_gap_ns(cfg))
 
 
 def vllm_bench_available() -> str | None:
@@ -259,7 +288,7 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
                    model: str = EMULATOR_MODEL, num_prompts: int | None = None,
                    input_len: int | None = None, output_len: int | None = None,
                    concurrency: int | None = None, request_rate: float | None = None,
-                   timeout_s: float = 1800.0) -> dict[str, Any]:
+                   timeout_s: float = 1800.0, min_gap: int = 0) -> dict[str, Any]:
     """``vllm bench serve`` (random prompts, ignore_eos) against ``url``; its figures."""
     why = vllm_bench_available()
     if why is not None:
@@ -315,11 +344,18 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
     times = [np.cumsum([st + t, *itl]) for st, t, itl in zip(
         data.get("start_times", []), data.get("ttfts", []), data.get("itls", []),
         strict=False) if t]
-    steady = None
+    steady = timed_rate = None
     if times:
         ns = (np.concatenate(times) * 1e9).astype(np.int64)
         first = int(min(data["start_times"]) * 1e9)
         steady = window_rate(ns, first, int(ns.max()))
+        # The same "timed on its own" rule as agentload's, on vllm bench's own gaps.
+        gaps = np.concatenate([[0.0, *itl] for itl, t in zip(
+            data.get("itls", []), data.get("ttfts", []), strict=False) if t]) * 1e9
+        starts = np.concatenate([[True] + [False] * len(itl) for itl, t in zip(
+            data.get("itls", []), data.get("ttfts", []), strict=False) if t])
+        timed = timed_mask(gaps.astype(np.int64), starts, min_gap)
+        timed_rate = window_rate(ns[timed], first, int(ns.max()))
     cpu = (cpu_marks["end"] - cpu_marks["start"]
            if {"start", "end"} <= cpu_marks.keys() else None)
     return {"ran": True, "completed": data.get("completed"), "failed": data.get("failed"),
@@ -327,6 +363,7 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
             "cpu_s": cpu, "cpu_per_event_us": (cpu / events * 1e6) if cpu and events else None,
             "events_per_s": steady,
             "events_per_s_overall": events / duration if duration else None,
+            "timed_events_per_s": timed_rate,
             "output_throughput_tok_s": data.get("output_throughput"),
             "ttft_p50_ms": data.get("median_ttft_ms"), "ttft_p90_ms": data.get("p90_ttft_ms"),
             "itl_p50_ms": data.get("median_itl_ms"), "itl_p90_ms": data.get("p90_itl_ms"),
@@ -381,7 +418,8 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
             note("vllm bench serve against the same emulator ...")
             before = host_busy()
             vllm = run_vllm_bench(url, cfg, workdir, ensure_tiny_model(),
-                                  request_rate=cfg.streams / cfg.request_s())
+                                  request_rate=cfg.streams / cfg.request_s(),
+                                  min_gap=min_gap_ns(cfg))
             vllm["host_busy_cores"] = busy_cores(before, host_busy())
             vllm["host_load_avg"] = os.getloadavg()
             if vllm.get("ran"):
@@ -390,7 +428,9 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
                 vllm.pop(key, None)
         why_not = aiperf_status() if cfg.aiperf else "not asked (--no-aiperf)"
         aiperf: dict[str, Any] = {"ran": False, "reason": why_not or "not wired"}
-    ratio = ratio_overall = None
+    ratio = ratio_overall = ratio_timed = None
+    if vllm.get("ran") and vllm.get("timed_events_per_s") and agent.get("timed_events_per_s"):
+        ratio_timed = agent["timed_events_per_s"] / vllm["timed_events_per_s"]
     if vllm.get("ran") and vllm.get("events_per_s"):
         ratio = agent["events_per_s"] / vllm["events_per_s"]
         ratio_overall = agent["events_per_s_overall"] / vllm["events_per_s_overall"]
@@ -413,6 +453,12 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         "vllm_bench_events_per_s": vllm.get("events_per_s"),
         "ratio_vs_vllm_bench": ratio,
         "ratio_vs_vllm_bench_overall": ratio_overall,
+        # Events each tool timed on its own (recorded gap >= ITL/4 from the previous one
+        # of its request): a client that falls behind still receives every event, but
+        # reads several at once and stamps them together.
+        "agentload_timed_events_per_s": agent.get("timed_events_per_s"),
+        "vllm_bench_timed_events_per_s": vllm.get("timed_events_per_s"),
+        "ratio_timed_vs_vllm_bench": ratio_timed,
         # CPU per event is the cost that tenant noise on a shared machine does not move.
         "cpu_per_event_ratio_vllm_over_agentload": (
             vllm["cpu_per_event_us"] / agent["cpu_per_event_us"]
@@ -447,6 +493,11 @@ def report_lines(r: dict[str, Any]) -> list[str]:
              + ("" if v.get("ran") else f"  (not run: {v.get('reason', '')[:160]})"),
              f"  ratio agentload / vllm bench    {f(r['ratio_vs_vllm_bench'], '.2f')} / "
              f"{f(r['ratio_vs_vllm_bench_overall'], '.2f')}",
+             "  token events/s timed on their own (steady; recorded gap >= ITL/4, the same "
+             "rule for both)",
+             f"  agentload / vllm bench          {f(a.get('timed_events_per_s'))} / "
+             f"{f(v.get('timed_events_per_s'))}  (ratio "
+             f"{f(r.get('ratio_timed_vs_vllm_bench'), '.2f')})",
              "  AIPerf                          "
              + (f"{f(r['aiperf_events_per_s'])}" if r["aiperf"].get("ran")
                 else f"not run: {r['aiperf'].get('reason', '')[:200]}"),

@@ -93,6 +93,7 @@ class _Stream:
         "head",
         "include_usage",
         "left",
+        "mid",
         "ok_tail",
         "prompt_tokens",
         "proto",
@@ -120,6 +121,7 @@ class _Stream:
                          b'"created":%d,"model":"%s","choices":[{"index":0,'
                          % (seq, created, model.encode()))
         self.ok_tail = b""
+        self.mid = b""  # a middle event up to its t_emit_ns value (built at first use)
 
 
 class Emulator:
@@ -234,6 +236,16 @@ class Emulator:
             n = tpe if s.left > tpe else s.left
             s.left -= n
             last = s.left == 0
+            if s.mid and not last:
+                # The usual event (neither first nor last, no token ids): one prebuilt
+                # prefix, the emission stamp, one write.
+                s.sent += n
+                ts = b"%d" % perf()
+                proto.write(b"%x\r\n%s%s}\n\n\r\n" % (len(s.mid) + len(ts) + 3, s.mid, ts))
+                still.append(s)
+                self.events += 1
+                self.tokens += n
+                continue
             if not s.stream:
                 s.sent += n
                 if last:
@@ -253,6 +265,8 @@ class Emulator:
                 body = b'%s"text":"%s","logprobs":null%s,"finish_reason":%s}]' % (
                     s.head, text, ids, fin)
             arrive = b',"t_arrive_ns":%d' % s.arrive_ns if s.first else b""
+            if not s.first and not s.token_ids and not last and n == tpe:
+                s.mid = b'%s,"t_emit_ns":' % body
             s.first = False
             s.sent += n
             t = perf()

@@ -79,6 +79,8 @@ class ShardResult:
     ttft_ns: array[int] = field(default_factory=lambda: array("q"))
     schedule_lag_ns: array[int] = field(default_factory=lambda: array("q"))
     loop_lag_ns: array[int] = field(default_factory=lambda: array("q"))
+    # Token events of each ok request, in the order their stamps are in ``event_ns``.
+    request_events: array[int] = field(default_factory=lambda: array("q"))
     kernel_stamps: bool = False
 
 
@@ -149,6 +151,7 @@ async def play_shard(spec: ShardSpec, start_at_ns: int, model: str) -> ShardResu
             assert res.first_token_ns is not None
             out.ttft_ns.append(res.first_token_ns - res.sent_ns)
             out.event_ns.extend(res.chunk_ns)
+            out.request_events.append(len(res.chunk_ns))
             out.user_ns.extend(res.chunk_user_ns if res.chunk_user_ns is not None
                                else res.chunk_ns)
             if res.chunk_emit_ns is not None:

@@ -107,3 +107,20 @@ def test_vllm_bench_serve_runs_against_the_same_emulator(tmp_path: Path) -> None
     assert v["completed"] == 20 and v["events"] == 20 * 20
     assert r["ratio_vs_vllm_bench"] is not None and r["ratio_vs_vllm_bench"] > 0
     assert np.isfinite(r["vllm_bench_events_per_s"])
+
+
+def test_timed_events_drop_the_ones_read_together() -> None:
+    """Events stamped within µs of the previous one of their request were read together."""
+    from agentload.replay.client_bench import timed_mask
+
+    gaps = np.array([0, 20_000_000, 3_000, 19_000_000, 0], dtype=np.int64)
+    first = np.array([True, False, False, False, True])
+    assert timed_mask(gaps, first, 5_000_000).tolist() == [True, True, False, True, True]
+    # merge applies the rule per request: two requests, the second read all at once.
+    r = _shard(0, [10_000_000 * i for i in range(1, 9)], 10_000, 0)
+    r.event_ns = array("q", [1, 20_000_001, 40_000_001, 60_000_001, 5, 5, 5, 5])
+    r.request_events = array("q", [4, 4])
+    r.first_send_ns, r.last_event_ns = 0, 80_000_000
+    m = merge([r], min_gap=5_000_000)
+    # Inside the steady window [20, 60) ms only events 2 and 3 of the first request fall.
+    assert m["timed_events_per_s"] == pytest.approx(2 / 0.04)

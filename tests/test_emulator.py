@@ -98,3 +98,21 @@ def test_emulator_counts_its_cpu(emu: str) -> None:
     assert time.monotonic() - t > 1.0
     stats = emulator_stats(emu)
     assert stats["cpu_samples"] >= 1 and 0.0 <= stats["cpu_max"] < 0.85
+
+
+def test_middle_events_match_the_first_ones_byte_for_byte(emu: str) -> None:
+    """Middle events come from a prebuilt prefix; apart from t_emit_ns they are alike."""
+    import orjson as _orjson
+
+    with httpx.stream("POST", emu + "/v1/completions", json={
+            "prompt": [1, 2], "max_tokens": 6, "stream": True}, timeout=10) as resp:
+        body = b"".join(resp.iter_bytes())
+    datas = [e[6:] for e in body.split(b"\n\n") if e.startswith(b"data: {")]
+    objs = [_orjson.loads(d) for d in datas]
+    assert len(objs) == 6
+    for o in objs:
+        o.pop("t_emit_ns")
+        o.pop("t_arrive_ns", None)
+    assert objs[1] == objs[2] == objs[3] == objs[4]
+    assert objs[5]["choices"][0]["finish_reason"] == "length"
+    assert all(int(_orjson.loads(d)["t_emit_ns"]) > 0 for d in datas)

@@ -95,3 +95,52 @@ def test_refused_and_stall_map_to_httpx_errors() -> None:
             raise AssertionError("no ConnectError")
 
     asyncio.run(main())
+
+
+def test_queued_reads_come_as_one_item_and_keep_their_own_stamps() -> None:
+    """A woken body hands over every queued read at once; each event keeps its read's stamp."""
+    from agentload.replay.client import stream_completion
+
+    def chunk(payload: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+    events = [b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i for i in range(6)]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:  # keep-alive: every request on the connection
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            if b"content-length: 2" in head.lower():
+                await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for ev in events:  # one event a write, 5 ms apart: one read each
+                await asyncio.sleep(0.005)
+                writer.write(chunk(ev))
+                await writer.drain()
+            await asyncio.sleep(0.005)
+            writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+
+    async def main() -> None:
+        server, port = await _server(handler)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        async with server, httpx.AsyncClient(transport=StampedTransport()) as client:
+            batches = []
+            async with client.stream("POST", url, content=b"{}") as resp:
+                async for raw in resp.aiter_raw():
+                    st = stamps_of(resp)
+                    assert st is not None and st.batch
+                    assert st.batch[-1][0] == len(raw)  # the offsets cover the item
+                    batches.append(len(st.batch))
+            # Wake-ups after the first body read are batched: some item held several reads.
+            assert max(batches) > 1 and sum(batches) >= 6
+            res = await stream_completion(client, url, b"{}")
+        assert res.ok and res.chunks == 6
+        # Every event has its own stamp, in order, about 5 ms apart (not one per item).
+        gaps = [b - a for a, b in zip(res.chunk_ns, res.chunk_ns[1:], strict=False)]
+        assert all(g > 1_000_000 for g in gaps), gaps
+        assert res.reads == 6 and res.multi_event_reads == 0
+
+    asyncio.run(main())
