@@ -463,7 +463,13 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         "cpu_per_event_ratio_vllm_over_agentload": (
             vllm["cpu_per_event_us"] / agent["cpu_per_event_us"]
             if vllm.get("cpu_per_event_us") and agent.get("cpu_per_event_us") else None),
+        # The error of the stamps agentload records (the kernel's receive stamp of the
+        # read an event ended in) against the emulator's emission stamp, steady half.
         "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
+        # How late the Python stamp (when the loop served the socket) is after the
+        # kernel's: what a user-space-stamping client would report as its error.
+        "p99_python_minus_kernel_ms": ((agent["timestamp_error"].get("python_minus_kernel")
+                                        or {}).get("p99_ms")),
         "aiperf_events_per_s": aiperf.get("events_per_s"),
         "ratio_vs_aiperf": None,
         "valid": not invalid,
@@ -495,6 +501,8 @@ def report_lines(r: dict[str, Any]) -> list[str]:
              f"{f(r['ratio_vs_vllm_bench_overall'], '.2f')}",
              "  token events/s timed on their own (steady; recorded gap >= ITL/4, the same "
              "rule for both)",
+             "  (a client behind reads several events at once: it receives them but stamps them"
+             " together)",
              f"  agentload / vllm bench          {f(a.get('timed_events_per_s'))} / "
              f"{f(v.get('timed_events_per_s'))}  (ratio "
              f"{f(r.get('ratio_timed_vs_vllm_bench'), '.2f')})",

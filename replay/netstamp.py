@@ -46,7 +46,11 @@ SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
 SCM_TIMESTAMPNS: int = getattr(socket, "SCM_TIMESTAMPNS", SO_TIMESTAMPNS)
 _TIMESPEC = struct.Struct("@qq")
 _CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
-READ_SIZE = 1 << 18
+# Bytes asked of one recvmsg. Not more than 64 KiB: recvmsg allocates the whole buffer
+# before it shrinks it to what came, and glibc serves a 256 KiB request with mmap/munmap
+# (its mmap threshold is 128 KiB), which cost 12 us a read here, 4x the read itself.
+# A backlog larger than this is read in several calls, one stamp each.
+READ_SIZE = 1 << 16
 RCVBUF = 8 << 20
 # Batched wake-ups: once a chunked body has started, the reader callback stamps and
 # queues every read at once but wakes the consumer only every LAZY_READS reads, after

@@ -92,7 +92,9 @@ def test_cli_json_keys() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     for key in ("agentload_events_per_s", "vllm_bench_events_per_s", "ratio_vs_vllm_bench",
-                "p99_timestamp_error_ms", "aiperf_events_per_s"):
+                "p99_timestamp_error_ms", "aiperf_events_per_s", "agentload_timed_events_per_s",
+                "vllm_bench_timed_events_per_s", "ratio_timed_vs_vllm_bench",
+                "p99_python_minus_kernel_ms"):
         assert key in out
     assert out["agentload_events_per_s"] > 0 and out["p99_timestamp_error_ms"] is not None
 
