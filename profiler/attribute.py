@@ -92,7 +92,14 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     if top_time >= 1 << time_bits:
         raise ProfileError("profile too long to attribute: its timeline needs "
                            f"{_bits(top_time)} bits next to {thr_bits} bits of threads")
-    order = np.lexsort((np.arange(m), -r_end, r_start, r_thr))
+    # Exports list ranges in start order per thread: when the (thread, start) keys
+    # already strictly increase, that is the order and the sort is skipped.
+    key0 = (r_thr << time_bits) | r_start
+    if m < 2 or bool((key0[1:] > key0[:-1]).all()):
+        order = np.arange(m, dtype=np.int64)
+    else:
+        order = np.lexsort((np.arange(m), -r_end, r_start, r_thr))
+    del key0
     s_thr, s_start, s_end = r_thr[order], r_start[order], r_end[order]
     skey = (s_thr << time_bits) | s_start
     ekey = np.sort((r_thr << time_bits) | r_end)
@@ -144,20 +151,25 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
         known = c_thr >= 0
         pthr = np.where(known, c_thr, 0)
         pkey = (pthr << time_bits) | c_t0
-        starts_le = np.searchsorted(skey, pkey, "right")
-        open_ = (starts_le - thr_first_s[pthr]) - (
-            np.searchsorted(ekey, pkey, "right") - thr_first_e[pthr])
-        live = known & (open_ >= 1) & (open_ < (1 << depth_bits))
-        idx = np.flatnonzero(live)
-        cand = last_at(pthr[idx], open_[idx], starts_le[idx] - 1)
-        # Verify containment; walk up while the candidate does not hold the whole call.
+        # The last range started on the thread at or before the call: when ranges nest,
+        # the innermost range holding the call is it or one of its ancestors (a range
+        # open at t0 started before it and is still open, so it encloses it).
+        last = np.searchsorted(skey, pkey, "right") - 1
+        idx = np.flatnonzero(known & (last >= thr_first_s[pthr]))
+        cand = last[idx]
+        # Verify containment; walk up while the candidate does not hold the whole call
+        # (only the failing ones are revisited, so the common case is one pass).
         t0, t1 = c_t0[idx], c_t1[idx]
+        todo = np.arange(len(idx))
         for _ in range(int(depth.max()) + 1):
-            cc = np.maximum(cand, 0)
-            bad = (cand >= 0) & ((s_end[cc] < t1) | (s_start[cc] > t0))
-            if not bad.any():
+            cc = cand[todo]
+            bad = (s_end[cc] < t1[todo]) | (s_start[cc] > t0[todo])
+            todo = todo[bad]
+            if not len(todo):
                 break
-            cand = np.where(bad, parent_s[cc], cand)
+            up = parent_s[cand[todo]]
+            cand[todo] = up
+            todo = todo[up >= 0]
         owner_s[lo_ + idx] = cand
     owner = np.where(owner_s >= 0, order[np.maximum(owner_s, 0)], -1)
     parent = np.full(m, -1, np.int64)
