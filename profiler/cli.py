@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import polars as pl
@@ -45,13 +45,17 @@ def _us(ns: float) -> str:
     return f"{ns / 1e3:,.1f}"
 
 
-def layers_json(s: Summary) -> dict[str, list[dict[str, object]]]:
-    """The fixed ``--json`` shape of ``profile layers``."""
-    return {"layers": [
+def layers_json(s: Summary) -> dict[str, list[Any]]:
+    """The fixed ``--json`` shape of ``profile layers``; ``warnings`` (strings) only when
+    the recorder reported losing events."""
+    out: dict[str, list[Any]] = {"layers": [
         {"name": r["name"], "pid": r["pid"], "instances": r["instances"],
          "kernels": r["kernels"], "kernel_ns": r["kernel_ns"], "busy_ns": r["busy_ns"],
          "span_ns": r["span_ns"]}
         for r in s.layers.iter_rows(named=True)]}
+    if s.warnings:
+        out["warnings"] = list(s.warnings)
+    return out
 
 
 def render_layers(s: Summary, limit: int = 60) -> str:
@@ -83,6 +87,7 @@ def render_layers(s: Summary, limit: int = 60) -> str:
         lines += [f"  {r['label']}: {r['kernel']} x{r['count']} ({_us(r['kernel_ns'])} µs)"
                   for r in tops.iter_rows(named=True)]
     lines += [f"note: {n}" for n in s.notes]
+    lines += [f"warning: {w}" for w in s.warnings]
     return "\n".join(lines)
 
 
@@ -130,6 +135,8 @@ def steps_command(
                    f"{_us(r['span_ns']):>10} {r['layers']:>6}")
     for n in s.notes:
         typer.echo(f"note: {n}")
+    for w in s.warnings:
+        typer.echo(f"warning: {w}")
 
 
 @app.command("diff")

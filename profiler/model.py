@@ -83,7 +83,8 @@ class Profile:
     and driver). ``ranges``: NVTX or ``record_function`` ranges on CPU threads, closed
     (an open range is clamped to the profile's end, and said so in ``notes``).
     ``graph_nodes``: CUDA-graph node creation events (capture time), with the node each
-    was cloned from. ``notes``: what the ingest had to assume or drop.
+    was cloned from. ``notes``: what the ingest had to assume or drop; ``warnings``:
+    what the profiler itself reported losing.
     """
 
     source: str
@@ -98,4 +99,7 @@ class Profile:
     devices: pl.DataFrame = field(default_factory=lambda: empty(DEVICES_SCHEMA))
     notes: tuple[str, ...] = ()
     graph_node_tracing: bool = False
+    warnings: tuple[str, ...] = ()
+    """The recorder's own warnings (Nsight's ``DIAGNOSTIC_EVENT``: dropped events, buffer
+    overflows): the profile may be missing events, so the user is told, not only noted."""
     """True when replayed graph kernels carry node ids (``--cuda-graph-trace=node``)."""

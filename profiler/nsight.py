@@ -52,6 +52,7 @@ GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 NVTX = "NVTX_EVENTS"
 GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
 KNOWN_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME, GRAPH_TRACE, NVTX, GRAPH_NODES, "StringIds",
+                "DIAGNOSTIC_EVENT",
                 "TARGET_INFO_GPU", "PROCESSES", "ThreadNames", "META_DATA_EXPORT")
 """Any one of these marks a file as an Nsight export; a file with none of them is foreign."""
 
@@ -302,7 +303,32 @@ def _ingest(src: _Source, kind: str) -> Profile:
     return Profile(source=kind, path=str(src.path), ops=ops, launches=launches, ranges=ranges,
                    strings=strings, graph_nodes=graph_nodes, processes=processes,
                    threads=threads, devices=devices, notes=tuple(notes),
-                   graph_node_tracing=node_tracing)
+                   graph_node_tracing=node_tracing, warnings=_diagnostics(src, tables))
+
+
+LOSS_RE = (r"(?i)drop|lost|loss|overflow|discard|buffer (is )?full|missing|incomplete|"
+           r"truncat|exceed|could not|failed|not (be )?(collected|traced|recorded)")
+"""``DIAGNOSTIC_EVENT`` texts that say events are missing from the trace."""
+DIAGNOSTIC = "DIAGNOSTIC_EVENT"
+MAX_WARNINGS = 10
+
+
+def _diagnostics(src: _Source, tables: set[str]) -> tuple[str, ...]:
+    """nsys's diagnostics that say the trace lost events, each distinct text once with
+    its count (a dropped-events message can repeat per buffer flush)."""
+    if DIAGNOSTIC not in tables or "text" not in src.columns(DIAGNOSTIC):
+        return ()
+    rows = src.read(DIAGNOSTIC, ["text"])
+    hits = rows.filter(pl.col("text").is_not_null() & pl.col("text").str.contains(LOSS_RE))
+    if not hits.height:
+        return ()
+    counts = hits.group_by("text", maintain_order=True).agg(n=pl.len())
+    out = [f"nsys reported: {t}" + (f" ({n:,} times)" if n > 1 else "")
+           for t, n in counts.head(MAX_WARNINGS).iter_rows()]
+    if counts.height > MAX_WARNINGS:
+        out.append(f"... and {counts.height - MAX_WARNINGS:,} more distinct diagnostics "
+                   f"in {DIAGNOSTIC}")
+    return tuple(out)
 
 
 def _schema_version(src: _Source) -> str | None:

@@ -53,6 +53,8 @@ class Summary:
     level: str
     source: str
     path: str
+    warnings: tuple[str, ...] = ()
+    """The recorder's own loss reports (:attr:`Profile.warnings`)."""
 
 
 def short_kernel_name(name: str) -> str:
@@ -141,7 +143,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     return Summary(instances=instances, layers=layers, types=types, steps=steps, ranks=ranks,
                    top_kernels=top, sequences=sequences, notes=tuple(notes),
                    inferred=inferred, level=level, source=att.profile.source,
-                   path=att.profile.path)
+                   path=att.profile.path, warnings=att.profile.warnings)
 
 
 def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:

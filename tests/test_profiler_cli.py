@@ -186,3 +186,28 @@ def test_capture_with_torch_profiler(tmp_path: Path) -> None:
     from agentload.profiler import load_profile
     profile = load_profile(trace)
     assert "model.layers.0" in profile.ranges["name"].to_list()
+
+
+def test_nsys_diagnostics_about_lost_events_are_warnings(tmp_path: Path) -> None:
+    x = SyntheticExport()
+    x.process(1, "p")
+    t = x.thread(1, 2)
+    x.push(t, 0, 100 * US, "model.layers.0")
+    x.launch_kernel(t, 10 * US, 20 * US, "void gemm()", api_ns=US)
+    db = x.write(tmp_path / "diag.sqlite")
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE DIAGNOSTIC_EVENT (timestamp INTEGER, timestampType INTEGER, "
+                "source INTEGER, severity INTEGER, text TEXT, globalPid INTEGER)")
+    lost = "CUPTI dropped 1234 activity records: buffer overflow"
+    con.executemany("INSERT INTO DIAGNOSTIC_EVENT VALUES (0, 0, 0, 2, ?, 0)",
+                    [(lost,), (lost,), ("Profiling started",)])
+    con.commit()
+    con.close()
+    code, out = invoke("profile", "layers", str(db), "--json", "--level", "layer")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["warnings"] == [f"nsys reported: {lost} (2 times)"]
+    assert doc["layers"][0]["kernels"] == 1
+    code, out = invoke("profile", "layers", str(db))
+    assert code == 0 and f"warning: nsys reported: {lost} (2 times)" in out
+    assert "Profiling started" not in out
