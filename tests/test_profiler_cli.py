@@ -8,6 +8,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -122,12 +123,24 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     truncated_gz.write_bytes(gzip.compress(good.encode())[:60])
     other = tmp / "notes.txt"
     other.write_text("hello")
+    # Directory exports with one damaged table file: Arrow IPC (arrowdir) and Parquet.
+    table = pl.DataFrame({"start": list(range(1000)), "end": list(range(1, 1001))})
+    arrow_dir = tmp / "arrowdir"
+    arrow_dir.mkdir()
+    table.write_ipc(arrow_dir / "NVTX_EVENTS.arrow")
+    (arrow_dir / "CUPTI_ACTIVITY_KIND_KERNEL.arrow").write_bytes(
+        (arrow_dir / "NVTX_EVENTS.arrow").read_bytes()[:300])
+    pq_dir = tmp / "parquetdir"
+    pq_dir.mkdir()
+    table.write_parquet(pq_dir / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")
+    (pq_dir / "NVTX_EVENTS.parquet").write_bytes(b"PAR1" + b"\x00" * 64)
     return {"corrupt": corrupt, "foreign": foreign, "truncated": truncated,
-            "truncated_gz": truncated_gz, "other": other, "missing": tmp / "nope.sqlite"}
+            "truncated_gz": truncated_gz, "other": other, "missing": tmp / "nope.sqlite",
+            "arrowdir": arrow_dir, "parquetdir": pq_dir}
 
 
 @pytest.mark.parametrize("kind", ["corrupt", "foreign", "truncated", "truncated_gz", "other",
-                                  "missing"])
+                                  "missing", "arrowdir", "parquetdir"])
 def test_bad_inputs_are_one_line_exit_2(tmp_path: Path, kind: str) -> None:
     path = _bad_files(tmp_path)[kind]
     from agentload.cli import main
@@ -139,7 +152,7 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path: Path, kind: str) -> None:
 
 def test_bad_input_subprocess_message(tmp_path: Path) -> None:
     bad = _bad_files(tmp_path)
-    for kind in ("foreign", "truncated"):
+    for kind in ("foreign", "truncated", "arrowdir"):
         done = run_cli("profile", "layers", str(bad[kind]), timeout=120)
         assert done.returncode == 2
         lines = done.stderr.strip().splitlines()
