@@ -477,6 +477,12 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
     }
 
 
+def _untimed(tool: dict[str, Any]) -> float | None:
+    """The share of a tool's steady events that it did not time on their own."""
+    raw, timed = tool.get("events_per_s"), tool.get("timed_events_per_s")
+    return 1 - timed / raw if raw and timed is not None else None
+
+
 def report_lines(r: dict[str, Any]) -> list[str]:
     """The console table of ``client_benchmark``'s result."""
     a, v = r["agentload"], r["vllm_bench"]
@@ -506,6 +512,8 @@ def report_lines(r: dict[str, Any]) -> list[str]:
              f"  agentload / vllm bench          {f(a.get('timed_events_per_s'))} / "
              f"{f(v.get('timed_events_per_s'))}  (ratio "
              f"{f(r.get('ratio_timed_vs_vllm_bench'), '.2f')})",
+             f"  not timed (read with others)    agentload "
+             f"{f(_untimed(a), '.1%')}, vllm bench {f(_untimed(v), '.1%')}",
              "  AIPerf                          "
              + (f"{f(r['aiperf_events_per_s'])}" if r["aiperf"].get("ran")
                 else f"not run: {r['aiperf'].get('reason', '')[:200]}"),

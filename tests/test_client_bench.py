@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentload.replay.client_bench import ClientBenchConfig, client_benchmark, emulator, merge
+from agentload.replay.client_bench import (
+    ClientBenchConfig,
+    client_benchmark,
+    emulator,
+    merge,
+    report_lines,
+)
 from agentload.replay.emulator import EMULATOR_MODEL
 from agentload.replay.workers import ShardResult, ShardSpec, play_shard, split
 from tests.conftest import run_cli
@@ -83,6 +89,10 @@ def test_client_benchmark_small_run_keeps_up(tmp_path: Path) -> None:
     assert r["ratio_vs_vllm_bench"] is None and not r["vllm_bench"]["ran"]
     assert r["agentload"]["emulator"]["events"] == 800
     assert not r["aiperf"]["ran"] and r["aiperf"]["reason"]
+    # Timed events are a subset of the delivered ones, and the table shows both.
+    assert 0 < a["timed_events_per_s"] <= a["events_per_s"] * (1 + 1e-9)
+    lines = "\n".join(report_lines(r))
+    assert "timed on their own" in lines and "not timed (read with others)" in lines
 
 
 def test_cli_json_keys() -> None:
