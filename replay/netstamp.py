@@ -316,6 +316,16 @@ class _Body(httpx.AsyncByteStream):
         return data
 
     def _decode_chunked(self, data: bytes) -> bytes:
+        if not (self.carry or self.chunk_left or self.trailer):
+            # The usual read: exactly one whole chunk (size line, payload, CRLF).
+            end = data.find(b"\r\n", 0, 18)
+            if end > 0:
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:
+                    size = 0
+                if size and end + size + 4 == len(data) and data.endswith(b"\r\n"):
+                    return data[end + 2:end + 2 + size]
         parts: list[bytes] = []
         if self.carry:
             data, self.carry = self.carry + data, b""
