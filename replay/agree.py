@@ -4,6 +4,14 @@ The same requests (N single-turn requests of exactly ``input_len`` prompt tokens
 ``output_len`` output tokens with ``ignore_eos``, fresh prompts so no prefix hits, at the
 same closed-loop concurrency) are played by agentload and by ``vllm bench serve`` (and
 AIPerf where it is installed) against one vLLM server, alternating, ``runs`` times each.
+
+The requests are identical, not only alike: ``vllm bench serve`` runs with its dataset
+replaced by agentload's own token-id prompts (same construction, another salt), so every
+prompt has exactly ``input_len`` tokens and no prefix hits. Its random dataset does not
+give that: its prompts are text, re-tokenized (one came back 129 tokens), and its
+initial test request repeats request 0, which then hits the prefix cache (the server's
+``prefix_cache_hits_total`` counted 192-384 hit tokens per run; agentload's runs 0).
+That test request is skipped (``--ready-check-timeout-sec 0``).
 Per tool and run it computes, with the same definitions for every tool:
 
 - TTFT = first token chunk - request sent;
@@ -17,8 +25,13 @@ agentload / vllm ratios. Without ``--target`` it starts the embedded vLLM CPU se
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +39,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from agentload.replay.client_bench import ClientBenchConfig, aiperf_status, run_vllm_bench
+from agentload.replay.client_bench import aiperf_status, vllm_bench_available
 from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import CHUNKS_NAME
+from agentload.replay.prompts import TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
 
 METRICS = ("ttft", "tpot", "itl")
@@ -80,27 +94,119 @@ def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, inpu
     osl = [int(x) for x in frame["osl"].fill_null(0).to_list()]
     out: dict[str, Any] = figures(ttft, gaps, osl)
     out["completed"] = frame.height
+    out["input_lens"] = [int(x) for x in frame["isl"].fill_null(0).to_list()]
+    out["output_lens"] = osl
     out["client"] = {k: result.summary.get("client", {}).get(k) for k in (
         "stamp_error_p99_s", "events_per_read", "loop_lag_p99_s", "saturation_reasons")}
     return out
 
 
+# ``vllm bench serve`` with its dataset replaced by the prompts in $AGENTLOAD_AGREE_PROMPTS
+# (token-id lists): its request function sends a list prompt as token ids, unchanged.
+VLLM_BENCH_IDENTICAL = (
+    "import argparse, json, os, sys\n"
+    "import vllm.benchmarks.serve as serve\n"
+    "from vllm.benchmarks.datasets import SampleRequest\n"
+    "spec = json.load(open(os.environ['AGENTLOAD_AGREE_PROMPTS']))\n"
+    "def get_samples(args, tokenizer):\n"
+    "    return [SampleRequest(prompt=ids, prompt_len=len(ids),\n"
+    "                          expected_output_len=spec['output_len'], request_id=f'agree{i}')\n"
+    "            for i, ids in enumerate(spec['prompts'])]\n"
+    "serve.get_samples = get_samples\n"
+    "p = argparse.ArgumentParser()\n"
+    "serve.add_cli_args(p)\n"
+    "serve.main(p.parse_args(sys.argv[1:]))\n")
+
+
+def agree_prompts(requests: int, input_len: int, output_len: int, salt: int,
+                  token_id_range: tuple[int, int], cache_salt: int) -> list[list[int]]:
+    """The token ids agentload sends for ``agree_trace(..., salt)`` under ``cache_salt``."""
+    prompts = TokenPrompts(cache_salt, *token_id_range)
+    return [prompts.prompt(r.blocks)
+            for r in agree_trace(requests, input_len, output_len, salt).requests()]
+
+
+def vllm_bench_argv(url: str, model: str, tokenizer: Path, requests: int, concurrency: int,
+                    output_len: int, result_dir: Path, name: str) -> list[str]:
+    """The ``vllm bench serve`` command line of one agreement run."""
+    return [sys.executable, "-c", VLLM_BENCH_IDENTICAL, "--backend", "vllm",
+            "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
+            "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
+            "--request-rate", "inf", "--num-warmups", "0",
+            # Its initial test request would repeat request 0 (a prefix hit when measured).
+            "--ready-check-timeout-sec", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90",
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+            "--result-filename", name, "--disable-tqdm"]
+
+
 def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int,
-             concurrency: int, input_len: int, output_len: int) -> dict[str, Any]:
-    got = run_vllm_bench(url, ClientBenchConfig(), workdir, tokenizer, model=model,
-                         num_prompts=requests, input_len=input_len, output_len=output_len,
-                         concurrency=concurrency)
-    if not got.get("ran"):
-        return got
-    ttft = [t for t in got["ttfts_s"] if t]
-    gaps = [np.asarray(itl, dtype=float) for itl, t in zip(got["itls_s"], got["ttfts_s"],
+             concurrency: int, input_len: int, output_len: int,
+             token_id_range: tuple[int, int], salt: int,
+             timeout_s: float = 1800.0) -> dict[str, Any]:
+    from agentload.replay.run import new_cache_salt
+
+    why = vllm_bench_available()
+    if why is not None:
+        return {"ran": False, "reason": why}
+    name = f"vllm-agree-{time.monotonic_ns()}.json"
+    spec_path = workdir / (name + ".prompts.json")
+    prompts = agree_prompts(requests, input_len, output_len, salt, token_id_range,
+                            new_cache_salt())
+    spec_path.write_text(json.dumps({"prompts": prompts, "output_len": output_len}))
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
+           "AGENTLOAD_AGREE_PROMPTS": str(spec_path)}
+    log = workdir / (name + ".log")
+    with log.open("w") as fh:
+        proc = subprocess.run(vllm_bench_argv(url, model, tokenizer, requests, concurrency,
+                                              output_len, workdir, name),
+                              stdout=fh, stderr=subprocess.STDOUT, env=env,
+                              timeout=timeout_s, check=False)
+    path = workdir / name
+    if proc.returncode != 0 or not path.is_file():
+        return {"ran": False, "reason": f"vllm bench serve exited {proc.returncode}: "
+                                        f"{log.read_text()[-800:]}"}
+    data = json.loads(path.read_text())
+    ttfts = data.get("ttfts", [])
+    ttft = [t for t in ttfts if t]
+    gaps = [np.asarray(itl, dtype=float) for itl, t in zip(data.get("itls", []), ttfts,
                                                             strict=False) if t]
-    # The chunks' count, as agentload's OSL when every chunk is one token.
-    osl = [int(n) for n, t in zip(got["output_lens"], got["ttfts_s"], strict=False) if t]
+    # Its chunk count, as agentload's OSL when every chunk is one token.
+    osl = [len(g) + 1 for g in gaps]
     out: dict[str, Any] = figures(ttft, gaps, osl)
     out["completed"] = len(ttft)
     out["ran"] = True
+    out["input_lens"] = data.get("input_lens", [])
+    out["output_lens"] = data.get("output_lens", [])
     return out
+
+
+SERVER_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total",
+                   "generation_tokens_total", "request_success_total")
+
+
+def server_counters(base: str) -> dict[str, float]:
+    """vLLM's prompt, prefix-hit and generated token counters (summed over labels)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{base}/metrics", timeout=10.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        key = name.removeprefix("vllm:")
+        if key in SERVER_COUNTERS and name.startswith("vllm:"):
+            with contextlib.suppress(ValueError, IndexError):
+                out[key] = out.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
+    return out
+
+
+def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after if k in before}
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -130,7 +236,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               say: Callable[[str], None] = lambda _: None,
               workdir: Path | None = None) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios."""
-    from agentload.replay.run import probe_target
+    from agentload.replay.run import detect_token_id_range, probe_target
     from agentload.replay.tiny_model import ensure_tiny_model
 
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2:
@@ -142,6 +248,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                 prefix="agentload-agree-")))
         base = stack.enter_context(_target(url, workdir, say))
         model, _ = probe_target(base, None, None)
+        token_id_range = detect_token_id_range(base, model, None)
         tokenizer = ensure_tiny_model()
         ours: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
@@ -152,11 +259,15 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                       input_len, output_len, salt=runs + 1)
         for i in range(runs):
             say(f"run {i + 1}/{runs}: agentload ...")
+            before = server_counters(base)
             ours.append(agentload_run(base, workdir / f"agentload{i}", requests, concurrency,
                                       input_len, output_len, salt=i))
+            ours[-1]["server"] = counters_delta(before, server_counters(base))
             say(f"run {i + 1}/{runs}: vllm bench serve ...")
+            before = server_counters(base)
             theirs.append(vllm_run(base, workdir, model, tokenizer, requests, concurrency,
-                                   input_len, output_len))
+                                   input_len, output_len, token_id_range, salt=runs + 2 + i))
+            theirs[-1]["server"] = counters_delta(before, server_counters(base))
             if not theirs[-1].get("ran"):
                 raise ReplayError(f"vllm bench serve did not run: {theirs[-1].get('reason')}")
     a, v = median_of(ours), median_of(theirs)
