@@ -31,18 +31,17 @@ Without node ids, replayed kernels are owned by the range around the replay call
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
 from agentload.profiler.errors import ProfileError
-from agentload.profiler.model import Profile, as_int
+from agentload.profiler.model import OP_KINDS, Profile
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
-POINT_CHUNK = 1 << 21
-"""Launch points looked up per chunk (bounds the sweep's temporaries)."""
 VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
 
 
@@ -75,19 +74,69 @@ def _bits(n: int) -> int:
     return max(1, int(n).bit_length())
 
 
+def last_at_or_before(hay: I64, needles: I64) -> I64:
+    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, any ``needles``.
+
+    With millions of needles a binary search each is slow (and very slow when they are
+    not in order: every probe misses the cache). Sorting the needles (already in order,
+    or nearly, as launches are: timsort makes that one pass) turns it into a merge: the
+    few haystack values are searched in the needles, and a running count of them gives
+    each needle's answer. O(N + M log N), sequential memory access.
+    """
+    n = len(needles)
+    if not n:
+        return np.zeros(0, np.int64)
+    ordered = bool((needles[1:] >= needles[:-1]).all())
+    order = None if ordered else np.argsort(needles, kind="stable")
+    sn = needles if order is None else needles[order]
+    # hay[i] <= sn[j]  <=>  j >= (number of needles < hay[i])
+    pos = np.searchsorted(sn, hay, "left")
+    del sn
+    counts = np.bincount(pos, minlength=n + 1)[:n]
+    del pos
+    np.cumsum(counts, out=counts)
+    counts -= 1
+    if order is None:
+        return counts
+    out = np.empty(n, np.int64)
+    out[order] = counts
+    return out
+
+
+def _parents(s_thr: I64, depth: I64) -> I64:
+    """Per range (in sorted order) the sorted index of its parent, or -1.
+
+    The parent of a range at depth ``d`` is the last range at depth ``d - 1`` before it
+    on its thread. Ranges of one depth, in sorted order, are ``flatnonzero(depth == d)``,
+    so one ``searchsorted`` per level finds them all (nesting is shallow: a few levels).
+    """
+    m = len(depth)
+    parent = np.full(m, -1, np.int64)
+    levels = [np.flatnonzero(depth == d) for d in range(1, int(depth.max(initial=0)) + 1)]
+    for d in range(1, len(levels)):
+        sel, above = levels[d], levels[d - 1]
+        if not len(sel) or not len(above):
+            continue
+        j = np.searchsorted(above, sel, "left") - 1
+        cand = above[np.maximum(j, 0)]
+        parent[sel] = np.where((j >= 0) & (s_thr[cand] == s_thr[sel]), cand, -1)
+    return parent
+
+
 def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64) -> SweepResult:
     """Innermost range containing each point interval ``[p_t0, p_t1]`` on its thread.
 
-    Thread codes are dense ints >= 0 (a point with a code no range has gets -1); times
-    are >= 0 and ranges have ``end > start``. Indices refer to the input range order.
+    Thread codes are dense ints >= 0 (a point with a code no range has, or -1, gets -1);
+    times are >= 0 and ranges have ``end > start``. Indices refer to the input range order.
     """
     m = len(r_start)
     n = len(p_t0)
     if m == 0:
         return SweepResult(np.full(n, -1, np.int64), np.zeros(0, np.int64),
                            np.zeros(0, np.int64), 0)
+    n_thr = int(r_thr.max()) + 1
     top_time = int(max(r_end.max(), p_t1.max() if n else 0))
-    thr_bits = _bits(int(max(r_thr.max(), p_thr.max() if n else 0)) + 1)
+    thr_bits = _bits(n_thr + 1)  # code n_thr: "a thread without ranges"
     time_bits = 63 - thr_bits
     if top_time >= 1 << time_bits:
         raise ProfileError("profile too long to attribute: its timeline needs "
@@ -105,77 +154,53 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     ekey = np.sort((r_thr << time_bits) | r_end)
     pos = np.arange(m, dtype=np.int64)
     # Where each thread's starts and ends begin: one lookup per thread, not per event.
-    n_thr = int(max(r_thr.max(), p_thr.max() if n else 0)) + 1
-    thr_keys = np.arange(n_thr, dtype=np.int64) << time_bits
+    thr_keys = np.arange(n_thr + 1, dtype=np.int64) << time_bits
     thr_first_s = np.searchsorted(skey, thr_keys, "left")
     thr_first_e = np.searchsorted(ekey, thr_keys, "left")
-    first_s = thr_first_s[s_thr]
-    first_e = thr_first_e[s_thr]
-    depth = (pos - first_s + 1) - (np.searchsorted(ekey, skey, "right") - first_e)
+    depth = (pos - thr_first_s[s_thr] + 1) - (np.searchsorted(ekey, skey, "right")
+                                              - thr_first_e[s_thr])
     depth = np.maximum(depth, 1)
-
-    depth_bits = _bits(int(depth.max()) + 1)
-    pos_bits = 63 - thr_bits - depth_bits
-    if m >= 1 << pos_bits:
-        raise ProfileError(f"too many ranges ({m:,}) for {thr_bits + depth_bits} bits of "
-                           "thread and depth")
-    lvl_shift = pos_bits
-    thr_shift = pos_bits + depth_bits
-
-    def level_key(thr: I64, d: I64, p: I64) -> I64:
-        return (thr << thr_shift) | (d << lvl_shift) | p
-
-    key2 = level_key(s_thr, depth, pos)
-    perm = np.argsort(key2, kind="stable")
-    k2 = key2[perm]
-
-    def last_at(thr: I64, d: I64, p: I64) -> I64:
-        """Sorted-range index of the last range at (thr, d) with position <= p, or -1."""
-        j = np.searchsorted(k2, level_key(thr, d, p), "right") - 1
-        jc = np.maximum(j, 0)
-        ok = (j >= 0) & ((k2[jc] >> lvl_shift) == ((thr << depth_bits) | d))
-        return np.where(ok, perm[jc], -1)
-
-    parent_s = np.full(m, -1, np.int64)
-    inner = depth > 1
-    parent_s[inner] = last_at(s_thr[inner], depth[inner] - 1, pos[inner] - 1)
+    del ekey, pos
+    parent_s = _parents(s_thr, depth)
     pc = np.maximum(parent_s, 0)
     not_nested = int(((parent_s >= 0) & (s_end[pc] < s_end)).sum())
+    del pc
 
-    owner_s = np.full(n, -1, np.int64)
-    # Points are independent once the ranges are indexed: take them in chunks so the
-    # temporaries stay a few hundred MB however many kernels the profile holds.
-    for lo_ in range(0, n, POINT_CHUNK):
-        hi_ = min(n, lo_ + POINT_CHUNK)
-        c_thr, c_t0, c_t1 = p_thr[lo_:hi_], p_t0[lo_:hi_], p_t1[lo_:hi_]
-        known = c_thr >= 0
-        pthr = np.where(known, c_thr, 0)
-        pkey = (pthr << time_bits) | c_t0
-        # The last range started on the thread at or before the call: when ranges nest,
-        # the innermost range holding the call is it or one of its ancestors (a range
-        # open at t0 started before it and is still open, so it encloses it).
-        last = np.searchsorted(skey, pkey, "right") - 1
-        idx = np.flatnonzero(known & (last >= thr_first_s[pthr]))
-        cand = last[idx]
-        # Verify containment; walk up while the candidate does not hold the whole call
-        # (only the failing ones are revisited, so the common case is one pass).
-        t0, t1 = c_t0[idx], c_t1[idx]
-        todo = np.arange(len(idx))
-        for _ in range(int(depth.max()) + 1):
-            cc = cand[todo]
-            bad = (s_end[cc] < t1[todo]) | (s_start[cc] > t0[todo])
-            todo = todo[bad]
-            if not len(todo):
-                break
-            up = parent_s[cand[todo]]
-            cand[todo] = up
-            todo = todo[up >= 0]
-        owner_s[lo_ + idx] = cand
-    owner = np.where(owner_s >= 0, order[np.maximum(owner_s, 0)], -1)
-    parent = np.full(m, -1, np.int64)
-    parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
-    depth_out = np.empty(m, np.int64)
-    depth_out[order] = depth
+    # The last range started on the thread at or before the call: when ranges nest,
+    # the innermost range holding the call is it or one of its ancestors (a range
+    # open at t0 started before it and is still open, so it encloses it).
+    pthr = np.where((p_thr >= 0) & (p_thr < n_thr), p_thr, n_thr) if n else p_thr
+    pkey = (pthr << time_bits) | p_t0
+    cand = last_at_or_before(skey, pkey)
+    del pkey
+    # Same thread (it started a range at or before the call), and the candidate's start
+    # is then <= t0 by construction: only its end needs checking.
+    own = cand >= thr_first_s[pthr]
+    del pthr
+    cc = np.maximum(cand, 0)
+    bad = own & (s_end[cc] < p_t1)
+    del cc
+    np.copyto(cand, -1, where=~own)
+    del own
+    todo = np.flatnonzero(bad)
+    del bad
+    # Walk up only the failing ones (a call after a child range closed).
+    for _ in range(int(depth.max()) + 1):
+        if not len(todo):
+            break
+        up = parent_s[cand[todo]]
+        cand[todo] = up
+        todo = todo[up >= 0]
+        cu = cand[todo]
+        todo = todo[(s_end[cu] < p_t1[todo]) | (s_start[cu] > p_t0[todo])]
+    if int(order[-1]) != m - 1 or not bool((order[1:] > order[:-1]).all()):
+        owner = np.where(cand >= 0, order[np.maximum(cand, 0)], -1)
+        parent = np.full(m, -1, np.int64)
+        parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
+        depth_out = np.empty(m, np.int64)
+        depth_out[order] = depth
+    else:  # identity order: no remapping (10 M points)
+        owner, parent, depth_out = cand, parent_s, depth
     return SweepResult(owner, parent, depth_out, not_nested)
 
 
@@ -211,71 +236,113 @@ def _graph_points(profile: Profile, ops: pl.DataFrame) -> tuple[pl.DataFrame, in
     return out, missing
 
 
-def _join_launches(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Each op's launch on (process, correlationId): ``tid``, ``launch_start``,
-    ``launch_end``, ``launch_name`` (null when none); and how many launches repeat a key.
+def ints(series: pl.Series, fill: int = -1) -> I64:
+    """A column as int64 numpy (nulls -> ``fill``), without a copy when it has none."""
+    if series.null_count():
+        series = series.fill_null(fill)
+    return series.to_numpy().astype(np.int64, copy=False)
+
+
+def _runs(values: npt.NDArray[Any]) -> tuple[I64, npt.NDArray[Any]]:
+    """Start index and value of each run of equal values: profiles list one process's
+    (or thread's) events in long runs, so per-run work replaces per-event work."""
+    if not len(values):
+        return np.zeros(0, np.int64), values[:0]
+    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
+    return starts, values[starts]
+
+
+def codes_in(values: npt.NDArray[Any], keys: npt.NDArray[Any]) -> I64:
+    """Per value its index in the sorted, distinct ``keys``; -1 when absent. Looked up
+    once per run of equal values, then repeated."""
+    starts, heads = _runs(values)
+    if not len(keys):
+        return np.full(len(values), -1, np.int64)
+    pos = np.minimum(np.searchsorted(keys, heads), len(keys) - 1)
+    code = np.where(keys[pos] == heads, pos, -1).astype(np.int64, copy=False)
+    if len(code) == 1:
+        return np.full(len(values), code[0], np.int64)
+    return np.repeat(code, np.diff(np.append(starts, len(values))))
+
+
+def distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Sorted distinct values, sorting only the run heads."""
+    return np.unique(_runs(values)[1])
+
+
+def _per_run(code: I64, table: I64) -> I64 | int:
+    """``table[code]`` per element, as a scalar when ``code`` is one run."""
+    if len(code) and code[0] == code[-1] and (len(code) < 3 or bool((code == code[0]).all())):
+        return int(table[code[0]])
+    return table[code]
+
+
+def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
+    """Per op the row of its launch on (process, correlationId), -1 when none; and how
+    many launches repeat a key.
 
     CUPTI correlation ids are small consecutive integers per process, so the join is a
     direct-address table (scatter, then gather): O(N), no hashing or sorting. Keys too
     sparse for that fall back to a hash join.
     """
     n = ops.height
-    procs = launches["proc"].unique().sort().to_numpy()
-    l_proc = np.searchsorted(procs, launches["proc"].to_numpy()).astype(np.int64, copy=False)
-    l_corr = launches["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     idx = np.full(n, -1, np.int64)
-    dup = 0
-    if launches.height:
+    if not launches.height or not n:
+        return idx, 0
+    l_raw = launches["proc"].fill_null(0).to_numpy()
+    procs = distinct(l_raw)
+    l_code = codes_in(l_raw, procs)
+    l_corr = ints(launches["correlation"])
+    rows = np.arange(launches.height, dtype=np.int64)
+    if int(l_corr.min()) < 0:
         valid = l_corr >= 0
-        # Per process correlation range (a handful of processes: a group_by, not ufunc.at).
-        bounds = pl.DataFrame({"p": l_proc[valid], "c": l_corr[valid]}).group_by("p").agg(
-            lo=pl.col("c").min(), hi=pl.col("c").max())
-        lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
-        hi = np.full(len(procs), -1, np.int64)
-        lo[bounds["p"].to_numpy()] = bounds["lo"].to_numpy()
-        hi[bounds["p"].to_numpy()] = bounds["hi"].to_numpy()
-        size = np.maximum(hi - lo + 1, 0)
-        base = np.cumsum(size) - size
-        total = int(size.sum())
-        if total <= 4 * launches.height + 1_000_000:
-            table = np.full(total, -1, np.int64)
-            pos = base[l_proc[valid]] + l_corr[valid] - lo[l_proc[valid]]
-            rows = np.flatnonzero(valid)
-            table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
-            dup = int(len(pos) - np.count_nonzero(table >= 0))
-            del pos, rows, valid, l_proc, l_corr
-            proc_col, corr_col = ops["proc"], ops["correlation"]
-            for a in range(0, n, POINT_CHUNK):  # chunks bound the temporaries
-                b = min(n, a + POINT_CHUNK)
-                o_raw = proc_col[a:b].to_numpy()
-                o_proc = np.searchsorted(procs, o_raw).astype(np.int64, copy=False)
-                pc = np.minimum(o_proc, len(procs) - 1)
-                o_known = (o_proc < len(procs)) & (procs[pc] == o_raw)
-                o_corr = corr_col[a:b].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-                ok = o_known & (o_corr >= lo[pc]) & (o_corr <= hi[pc])
-                opos = base[pc] + o_corr - lo[pc]
-                idx[a:b][ok] = table[opos[ok]]
-            del table
-        else:
-            keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
-            first = keyed.unique(["proc", "correlation"], keep="first")
-            dup = keyed.height - first.height
-            hit = ops.select("proc", "correlation").with_row_index("op").join(
-                first, on=["proc", "correlation"], how="inner")
-            idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
-    got = idx >= 0
-    take = np.maximum(idx, 0)
+        l_code, l_corr, rows = l_code[valid], l_corr[valid], rows[valid]
+    lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
+    hi = np.full(len(procs), -1, np.int64)
+    np.minimum.at(lo, l_code, l_corr)
+    np.maximum.at(hi, l_code, l_corr)
+    size = np.maximum(hi - lo + 1, 0)
+    base = np.cumsum(size) - size
+    total = int(size.sum())
+    if total > 4 * launches.height + 1_000_000:
+        keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
+        first = keyed.unique(["proc", "correlation"], keep="first")
+        hit = ops.select("proc", "correlation").with_row_index("op").join(
+            first, on=["proc", "correlation"], how="inner")
+        idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
+        return idx, keyed.height - first.height
+    table = np.full(total, -1, np.int64)
+    shift = base - np.where(size > 0, lo, 0)
+    pos = l_corr + _per_run(l_code, shift)
+    table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
+    dup = int(len(pos) - np.count_nonzero(table >= 0))
+    del pos, rows, l_code, l_corr
+    o_code = codes_in(ops["proc"].fill_null(0).to_numpy(), procs)
+    o_corr = ints(ops["correlation"])
+    # Outside [lo, hi] of its process (or an unknown process, size 0): no launch. One
+    # unsigned compare checks both bounds.
+    lo_e = np.append(np.where(size > 0, lo, 0), 0)
+    size_e = np.append(size, 0)
+    shift_e = np.append(shift, 0)
+    rel = o_corr - _per_run(o_code, lo_e)
+    ok = rel.view(np.uint64) < np.asarray(_per_run(o_code, size_e)).astype(np.uint64)
+    del rel
+    opos = o_corr + _per_run(o_code, shift_e)
+    del o_corr, o_code
+    idx = table[opos] if bool(ok.all()) else np.where(ok, table[np.where(ok, opos, 0)], -1)
+    return idx, dup
 
-    def pick(col: str, dtype: pl.DataType) -> pl.Series:
-        values = (launches[col].fill_null(0 if col == "tid" else -1).to_numpy()[take]
-                  if launches.height else np.zeros(n, np.int64))
-        return pl.Series(values).cast(dtype).scatter(np.flatnonzero(~got), None) \
-            if (~got).any() else pl.Series(values).cast(dtype)
 
-    out = ops.with_columns(
-        tid=pick("tid", pl.UInt64()), launch_start=pick("start", pl.Int64()),
-        launch_end=pick("end", pl.Int64()), launch_name=pick("name_id", pl.Int64()))
-    return out, dup
+def _nullable(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_] | None) -> pl.Series:
+    """A Series of ``values`` (no copy), null where ``valid`` is False."""
+    s = pl.Series(values)
+    if valid is None:
+        return s
+    return pl.select(pl.when(pl.Series(valid)).then(s)).to_series()
+
+
+VIA_CODES = {name: i for i, name in enumerate(VIA.categories.to_list())}
+VIA_LEVELS = pl.Series(VIA.categories, dtype=VIA)
 
 
 def attribute(profile: Profile) -> Attribution:
@@ -283,83 +350,120 @@ def attribute(profile: Profile) -> Attribution:
     notes = list(profile.notes)
     ranges = parse_range_names(profile.ranges.with_row_index("idx").with_columns(
         pl.col("idx").cast(pl.Int64)))
-    ops, dup = _join_launches(profile.ops, profile.launches)
+    ops, launches = profile.ops, profile.launches
+    n = ops.height
+    idx, dup = _launch_index(ops, launches)
     if dup:
         notes.append(f"{dup:,} runtime calls repeat a (process, correlationId) pair; the "
                      "first is used")
-    graph_pts, missing_nodes = _graph_points(profile, ops)
-    if graph_pts.height:
-        ops = ops.join(graph_pts, on=["proc", "graph_node"], how="left", maintain_order="left")
+    got = idx >= 0
+    all_got = bool(got.all())
+    take = idx if all_got else np.maximum(idx, 0)
+    del idx
+    if launches.height:
+        l_tid = launches["tid"].fill_null(0).to_numpy()
+        tid = l_tid[take]
+        t0 = ints(launches["start"], 0)[take]
+        t1 = ints(launches["end"], 0)[take]
     else:
-        ops = ops.with_columns(g_tid=pl.lit(None, pl.UInt64), g_start=pl.lit(None, pl.Int64),
-                               g_end=pl.lit(None, pl.Int64))
-    if missing_nodes:
-        notes.append(f"{missing_nodes:,} CUDA-graph nodes had no creation event in the capture "
-                     "window (graph captured before profiling began): their replayed kernels "
-                     "are owned by the range around the replay, not by capture-time layers")
+        l_tid = np.zeros(0, np.uint64)
+        tid, t0, t1 = np.zeros(n, np.uint64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    via = np.where(got, VIA_CODES["launch"], VIA_CODES["none"]).astype(np.uint8) \
+        if not all_got else np.zeros(n, np.uint8)
     graph_launch_ids = profile.strings.filter(
-        pl.col("value").str.contains("GraphLaunch"))["id"].implode()
-    ops = ops.with_columns(
-        via=pl.when(pl.col("g_tid").is_not_null()).then(pl.lit("graph-node"))
-        .when(pl.col("tid").is_null()).then(pl.lit("none"))
-        .when((pl.col("kind") != "graph") & pl.col("launch_name").is_in(graph_launch_ids))
-        .then(pl.lit("graph-launch")).otherwise(pl.lit("launch")).cast(VIA),
-        tid=pl.coalesce("g_tid", "tid"),
-        launch_start=pl.coalesce("g_start", "launch_start"),
-        launch_end=pl.coalesce("g_end", "launch_end"),
-    ).drop("g_tid", "g_start", "g_end", "launch_name")
-    replayed = int((ops["via"] == "graph-launch").sum())
+        pl.col("value").str.contains("GraphLaunch"))["id"].to_numpy()
+    if len(graph_launch_ids) and launches.height:
+        replay = np.isin(ints(launches["name_id"]), graph_launch_ids)[take] & got
+        if replay.any():
+            kind = ops["kind"].to_physical().to_numpy()
+            replay &= kind != OP_KINDS.index("graph")
+            via[replay] = VIA_CODES["graph-launch"]
+        del replay
+    gn = np.zeros(0, np.int64)
+    if n and ops["graph_node"].null_count() < n:
+        graph_pts, missing_nodes = _graph_points(profile, ops)
+        if missing_nodes:
+            notes.append(f"{missing_nodes:,} CUDA-graph nodes had no creation event in the "
+                         "capture window (graph captured before profiling began): their "
+                         "replayed kernels are owned by the range around the replay, not by "
+                         "capture-time layers")
+        if graph_pts.height:
+            hit = ops.select("proc", "graph_node").with_row_index("op").join(
+                graph_pts, on=["proc", "graph_node"], how="inner")
+            gn = hit["op"].to_numpy().astype(np.int64)
+            tid[gn] = hit["g_tid"].to_numpy()
+            t0[gn] = hit["g_start"].to_numpy()
+            t1[gn] = hit["g_end"].to_numpy()
+            via[gn] = VIA_CODES["graph-node"]
+            got[gn] = True
+            all_got = bool(got.all())
+    replayed = int((via == VIA_CODES["graph-launch"]).sum())
     if replayed:
         notes.append(f"{replayed:,} kernels were replayed from CUDA graphs without graph node "
                      "ids: each is owned by the range around its replay call, not by the "
                      "capture-time layer")
-    unlaunched = int((ops["via"] == "none").sum())
+    unlaunched = int(n - np.count_nonzero(got))
     if unlaunched:
         notes.append(f"{unlaunched:,} GPU ops have no matching runtime call (launch outside "
                      "the capture, or CUDA API tracing off) and are unattributed")
 
     usable = ranges.filter(~pl.col("is_output") & (pl.col("end") > pl.col("start")))
-    owner = np.full(ops.height, -1, np.int64)
+    owner = np.full(n, -1, np.int64)
     parent = np.full(ranges.height, -1, np.int64)
     depth = np.zeros(ranges.height, np.int64)
     not_nested = 0
-    if usable.height and ops.height:
-        base = min(as_int(usable["start"].min()), as_int(ops["launch_start"].min()))
-        threads = np.unique(usable["tid"].to_numpy())
-        p_tid = ops["tid"].fill_null(0).to_numpy()
-        code = np.searchsorted(threads, p_tid).astype(np.int64, copy=False)
-        code_c = np.minimum(code, len(threads) - 1)
-        p_thr = np.where((threads[code_c] == p_tid) & ops["tid"].is_not_null().to_numpy(),
-                         code_c, -1).astype(np.int64, copy=False)
-        del p_tid, code, code_c
-        p_t0 = (ops["launch_start"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
-        p_t1 = (ops["launch_end"].fill_null(base).to_numpy() - base).astype(np.int64, copy=False)
-        best = np.full(ops.height, -1, np.int64)
-        best_start = np.full(ops.height, -1, np.int64)
+    if usable.height and n and launches.height:
+        u_tid = usable["tid"].fill_null(0).to_numpy()
+        threads = distinct(u_tid)
+        # Thread codes per launch (runs: cheap), then per op; graph-node ops own theirs.
+        p_thr = codes_in(l_tid, threads)[take]
+        if len(gn):
+            p_thr[gn] = codes_in(tid[gn], threads)
+        if not all_got:
+            p_thr[~got] = -1
+        base = min(int(usable["start"].min()), int(t0.min()))  # type: ignore[arg-type]
+        p_t0 = np.maximum(t0 - base, 0)
+        p_t1 = np.maximum(t1 - base, 0)
+        styles = usable["style"].unique().to_list()
+        best = np.full(n, -1, np.int64) if len(styles) > 1 else owner
+        best_start = np.full(n, -1, np.int64) if len(styles) > 1 else owner
         for style in ("pushpop", "startend"):
-            part = usable.filter(pl.col("style") == style)
-            if not part.height:
+            part = usable if len(styles) == 1 else usable.filter(pl.col("style") == style)
+            if style not in styles:
                 continue
             r_idx = part["idx"].to_numpy()
-            r_thr = np.searchsorted(threads, part["tid"].to_numpy()).astype(np.int64, copy=False)
-            r_start = (part["start"].to_numpy() - base).astype(np.int64, copy=False)
-            r_end = (part["end"].to_numpy() - base).astype(np.int64, copy=False)
-            res = sweep(r_thr, r_start, r_end, p_thr, np.maximum(p_t0, 0), np.maximum(p_t1, 0))
-            got = res.owner >= 0
-            own_start = np.where(got, r_start[np.maximum(res.owner, 0)], -1)
-            # Inner of the two styles' answers: the one that started later.
-            take = got & (own_start > best_start)
-            best = np.where(take, r_idx[np.maximum(res.owner, 0)], best)
-            best_start = np.where(take, own_start, best_start)
-            parent[r_idx] = np.where(res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
+            r_thr = codes_in(part["tid"].fill_null(0).to_numpy(), threads)
+            r_start = ints(part["start"]) - base
+            r_end = ints(part["end"]) - base
+            res = sweep(r_thr, r_start, r_end, p_thr, p_t0, p_t1)
+            identity = len(r_idx) == ranges.height  # every range usable: idx is arange
+            ro = res.owner if identity else np.where(
+                res.owner >= 0, r_idx[np.maximum(res.owner, 0)], -1)
+            parent[r_idx] = res.parent if identity else np.where(
+                res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
             depth[r_idx] = res.depth
             not_nested += res.not_nested
-        owner = best
+            if len(styles) == 1:
+                owner = ro
+                break
+            got_s = ro >= 0
+            own_start = np.where(got_s, r_start[np.maximum(res.owner, 0)], -1)
+            # Inner of the two styles' answers: the one that started later.
+            better = got_s & (own_start > best_start)
+            best = np.where(better, ro, best)
+            best_start = np.where(better, own_start, best_start)
+        if len(styles) > 1:
+            owner = best
     if not_nested:
         notes.append(f"{not_nested:,} ranges overlap their enclosing range without nesting "
                      "(async start/end ranges): ops inside them go to a range that contains "
                      "their launch, not always the innermost")
-    own, up = pl.Series(owner), pl.Series(parent)
-    ops = ops.with_columns(range=pl.when(own >= 0).then(own))
+    valid = None if all_got else got
+    owned = owner >= 0
+    ops = ops.with_columns(
+        tid=_nullable(tid, valid), launch_start=_nullable(t0, valid),
+        launch_end=_nullable(t1, valid), via=VIA_LEVELS.gather(pl.Series(via)),
+        range=_nullable(owner, None if bool(owned.all()) else owned))
+    up = pl.Series(parent)
     ranges = ranges.with_columns(parent=pl.when(up >= 0).then(up), depth=pl.Series(depth))
     return Attribution(profile=profile, ops=ops, ranges=ranges, notes=tuple(notes))

@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from agentload.profiler.attribute import Attribution
+from agentload.profiler.attribute import VIA_CODES, Attribution, ints
 from agentload.profiler.infer import block_labels, find_period
-from agentload.profiler.model import pid_of
+from agentload.profiler.model import OP_KINDS, pid_of
 from agentload.profiler.vllm import layer_type
 
 Level = Literal["innermost", "layer"]
@@ -87,73 +87,102 @@ def _root(parent: npt.NDArray[np.int64], depth: npt.NDArray[np.int64]) -> npt.ND
     return _ancestor(depth == 1, parent, depth)
 
 
+Cols = dict[str, npt.NDArray[Any]]
+"""Per-op columns as numpy arrays (10 M ops: no per-op polars frames are built)."""
+
+
 def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | None = None,
               infer: bool | None = None) -> Summary:
     """Build every table. ``step_pattern``: a regex naming step ranges (default: each
     op's outermost range); ``infer``: force (True) or forbid (False) inferred layers."""
     notes = list(att.notes)
     ranges = att.ranges
-    parent = ranges["parent"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    depth = ranges["depth"].to_numpy().astype(np.int64, copy=False)
-    is_layer = ranges["is_layer"].to_numpy().astype(bool)
+    parent = ints(ranges["parent"])
+    depth = ints(ranges["depth"], 0)
+    is_layer = ranges["is_layer"].fill_null(False).to_numpy().astype(bool)
     if step_pattern:
         step_flag = ranges["label"].str.contains(step_pattern).fill_null(False).to_numpy()
         step_of = _ancestor(step_flag.astype(bool), parent, depth)
     else:
         step_of = _root(parent, depth)
     ops = att.ops
-    rng = ops["range"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    has = rng >= 0
-    rc = np.maximum(rng, 0)
-    step = np.where(has, step_of[rc] if len(step_of) else -1, -1)
+    n = ops.height
+    rng = ints(ops["range"])
+    all_owned = ops["range"].null_count() == 0
+    rc = rng if all_owned else np.maximum(rng, 0)
+    has = None if all_owned else rng >= 0
+
+    def per_op(table: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``table[range]`` per op, -1 for ops without a range (gathered once)."""
+        if not len(table):
+            return np.full(n, -1, np.int64)
+        out = table[rc]
+        if has is not None:
+            out[~has] = -1
+        return out
+
+    step = per_op(step_of)
     layer_anc = _ancestor(is_layer, parent, depth) if len(is_layer) else np.zeros(0, np.int64)
-    owned_layer = has & (layer_anc[rc] >= 0) if len(layer_anc) else np.zeros(len(rng), bool)
-    do_infer = infer if infer is not None else (level == "layer" and not owned_layer.any())
+    owned_layer_any = bool((layer_anc >= 0).any()) and bool(
+        (per_op(layer_anc) >= 0).any()) if len(layer_anc) else False
+    do_infer = infer if infer is not None else (level == "layer" and not owned_layer_any)
     if level == "layer" and not do_infer:
-        inst = np.where(owned_layer, layer_anc[rc] if len(layer_anc) else -1, rng)
+        # Per range: its enclosing layer, else itself; then one gather per op.
+        inst = per_op(np.where(layer_anc >= 0, layer_anc, np.arange(len(layer_anc))))
     else:
         inst = rng
-    # Replayed graph kernels mapped to capture-time ranges: each replay is its own
-    # instance and its own step, keyed by the replay's correlation id.
-    replay = ops["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    node_mapped = (ops["via"] == "graph-node").to_numpy()
-    graph_replay = node_mapped | (ops["via"] == "graph-launch").to_numpy()
-    step_range = np.where(graph_replay, -1, step)
-    # Graph replays are steps of their own when no step range encloses the replay call.
-    step_key = np.where(graph_replay, replay * 2 + 1, step * 2)
-    frame = ops.select("proc", "kind", "start", "end", "name_id", "launch_start").with_columns(
-        inst=pl.Series(inst), replay=pl.Series(np.where(node_mapped, replay, -1)),
-        step_key=pl.Series(step_key), step_range=pl.Series(np.where(graph_replay, step,
-                                                                     step_range)),
-        graph_step=pl.Series(graph_replay))
+    via = ops["via"].to_physical().to_numpy()
+    kind = ops["kind"].to_physical().to_numpy()
+    kernel_codes = [OP_KINDS.index(k) for k in IS_KERNEL_KINDS]
+    cols: Cols = {
+        "proc": ops["proc"].fill_null(0).to_numpy(), "start": ints(ops["start"], 0),
+        "end": ints(ops["end"], 0), "name_id": ints(ops["name_id"]),
+        "launch_start": ints(ops["launch_start"], 0), "inst": inst,
+        "kernel": np.isin(kind, kernel_codes)}
+    graph_node, graph_launch = VIA_CODES["graph-node"], VIA_CODES["graph-launch"]
+    if bool(((via == graph_node) | (via == graph_launch)).any()):
+        # Replayed graph kernels mapped to capture-time ranges: each replay is its own
+        # instance and its own step, keyed by the replay's correlation id.
+        replay = ints(ops["correlation"])
+        node_mapped = via == graph_node
+        graph_replay = node_mapped | (via == graph_launch)
+        cols.update(
+            replay=np.where(node_mapped, replay, -1),
+            # Graph replays are steps of their own when no step range encloses the call.
+            step_key=np.where(graph_replay, replay * 2 + 1, step * 2),
+            step_range=step, graph_step=graph_replay)
+    else:  # the common case: no graph replays, nothing per op to compute
+        cols.update(replay=np.full(n, -1, np.int64), step_key=step * 2, step_range=step,
+                    graph_step=np.zeros(n, bool))
     inferred = False
     if do_infer:
-        frame, inote = _infer_layers(frame)
+        cols, inote = _infer_layers(cols)
         inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)
-    frame, instances = _instances(frame, ranges)
+    instances = _instances(cols, ranges)
     layers = _layers(instances)
     types = _types(instances)
-    steps = _steps(frame, instances, ranges)
+    steps = _steps(cols, instances, ranges)
     ranks = _ranks(layers)
     names = att.profile.strings.select(pl.col("id").alias("name_id"), kernel="value")
-    top = _top_kernels(frame, instances, names)
-    sequences = _sequences(frame, instances, names)
+    top = _top_kernels(cols, instances, names)
+    sequences = _sequences(cols, instances, names)
     return Summary(instances=instances, layers=layers, types=types, steps=steps, ranks=ranks,
                    top_kernels=top, sequences=sequences, notes=tuple(notes),
                    inferred=inferred, level=level, source=att.profile.source,
                    path=att.profile.path, warnings=att.profile.warnings)
 
 
-def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
+def _infer_layers(cols: Cols) -> tuple[Cols, str | None]:
     """Split each step (step range, or graph replay) into inferred layers."""
-    frame = frame.sort("proc", "step_key", "launch_start", "start")
-    seq_ids = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    keys = frame.select("proc", "step_key")
+    frame = pl.DataFrame({k: pl.Series(v) for k, v in cols.items()}).sort(
+        "proc", "step_key", "launch_start", "start")
+    cols = {k: frame[k].to_numpy() for k in frame.columns}
+    seq_ids = cols["name_id"]
     bounds = np.flatnonzero(np.concatenate(
-        ([True], (keys["proc"].to_numpy()[1:] != keys["proc"].to_numpy()[:-1])
-         | (keys["step_key"].to_numpy()[1:] != keys["step_key"].to_numpy()[:-1]), [True])))
+        ([True], (cols["proc"][1:] != cols["proc"][:-1])
+         | (cols["step_key"][1:] != cols["step_key"][:-1]), [True])))
     block = np.zeros(frame.height, np.int64)
     cache: dict[bytes, tuple[np.ndarray, int, int]] = {}
     periods: list[tuple[int, int]] = []
@@ -169,133 +198,146 @@ def _infer_layers(frame: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
         periods.append((period, reps))
     found = [p for p in periods if p[0]]
     if not found:
-        return frame, ("no layer ranges, and no repeating kernel sequence was found in any "
-                       "step: layers could not be inferred")
+        return cols, ("no layer ranges, and no repeating kernel sequence was found in any "
+                      "step: layers could not be inferred")
     # Block index == reps is the postlude; a step with no repeat is one inferred block.
     reps_col = np.zeros(frame.height, np.int64)
     for (a, b), (_, reps) in zip(itertools.pairwise(bounds), periods, strict=True):
         reps_col[a:b] = reps
-    frame = frame.with_columns(
-        block=pl.Series(block), reps=pl.Series(reps_col),
-        inst=pl.col("step_key") * 65_536 + pl.Series(block) + 1,
-        replay=pl.lit(-1, pl.Int64))
+    cols.update(block=block, reps=reps_col, inst=cols["step_key"] * 65_536 + block + 1,
+                replay=np.full(frame.height, -1, np.int64))
     common = max(set(found), key=found.count)
-    return frame, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
-                   f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
-                   f"often {common[1]} layers of {common[0]} kernels); names are "
-                   "inferred.layers.<i>")
+    return cols, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
+                  f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
+                  f"often {common[1]} layers of {common[0]} kernels); names are "
+                  "inferred.layers.<i>")
 
 
 IS_KERNEL_KINDS = ("kernel", "graph")
 
 
-def _group_ids(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[np.int64]:
+def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
     """One int64 per row, equal exactly when the ``keys`` are equal (not dense).
 
     The common case needs no hashing: ``inst``/``step`` values are global range indices,
     unique across processes, so only rows without one (or keyed by a per-process
     correlation id) need the process folded in, by a dense rank over those rows alone.
     """
-    procs = frame["proc"].unique().sort().to_numpy()
-    pcode = np.searchsorted(procs, frame["proc"].to_numpy()).astype(np.int64, copy=False)
-    n_p = len(procs)
     if keys == ["proc", "inst", "replay"]:
-        key = frame["inst"].to_numpy().astype(np.int64, copy=False)
-        simple = (frame["replay"].to_numpy() < 0) & (key >= 0)
-        if "block" in frame.columns:  # inferred instances: keys built from step ids
+        key = cols["inst"]
+        simple = (cols["replay"] < 0) & (key >= 0)
+        if "block" in cols:  # inferred instances: keys built from step ids
             simple[:] = False
     else:
-        key = frame["step_key"].to_numpy().astype(np.int64, copy=False)
+        key = cols["step_key"]
         simple = (key >= 0) & (key % 2 == 0)  # a step range, not a graph replay
-    out = np.where(simple, key + n_p, pcode)
+    if bool(simple.all()):
+        return key
+    out = key.copy()
     rest = np.flatnonzero(~simple)
-    if len(rest):
-        sub = frame[rest].select(keys)
-        ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
-        top = int(key[simple].max(initial=-1)) + n_p + 1
-        out[rest] = top + ranks.astype(np.int64, copy=False)
+    sub = pl.DataFrame({k: cols[k][rest] for k in keys})
+    ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
+    top = int(key[simple].max(initial=-1)) + 1
+    out[rest] = top + ranks.astype(np.int64, copy=False)
     return out
 
 
-def _grouped(frame: pl.DataFrame, keys: list[str]) -> tuple[npt.NDArray[np.int64],
-                                                           dict[str, Any]]:
-    """Per row its dense group id ``g`` (groups ordered by key), and per group: the
-    first row (original index), op counts and times (numpy, no per-group Python).
+def _grouped(cols: Cols, keys: list[str]) -> tuple[npt.NDArray[np.int64], dict[str, Any]]:
+    """Per row its dense group id ``g``, and per group: the first row (original index),
+    op counts and times (numpy, no per-group Python).
 
-    Busy (union) time: each group's ops are shifted into a private window of the
-    number line (``offset``), so one running maximum over all groups acts per group.
+    Profiles list a group's ops together and in time order (one layer's kernels follow
+    each other), so the groups are usually the runs of equal keys: then nothing is
+    sorted and groups are numbered in order of appearance. Otherwise the rows are sorted
+    by (group, start) and groups are numbered in key order.
     """
-    n = frame.height
+    n = len(cols["start"])
     if not n:
         zero = np.zeros(0, np.int64)
         return zero, {"first": zero, "kernels": zero, "memops": zero, "kernel_ns": zero,
                       "busy_ns": zero, "start": zero, "span_ns": zero}
-    gid = _group_ids(frame, keys)
-    start0 = frame["start"].to_numpy()
-    # Two stable sorts (start, then group) instead of one two-key sort: both inputs are
-    # made of long presorted runs (ops come in time order per device, a group's ops are
-    # adjacent), which timsort merges in near-linear time. Temporaries are dropped as
-    # soon as they are used: at 10 M ops each is 80 MB.
-    by_start = np.argsort(start0, kind="stable")
-    tmp = gid[by_start]
-    order = by_start[np.argsort(tmp, kind="stable")]
-    del tmp, by_start
-    gs = gid[order]
-    del gid
+    gid = _group_ids(cols, keys)
+    start0, end0 = cols["start"], cols["end"]
     new = np.empty(n, bool)
     new[0] = True
-    np.not_equal(gs[1:], gs[:-1], out=new[1:])
-    del gs
+    np.not_equal(gid[1:], gid[:-1], out=new[1:])
     first = np.flatnonzero(new)
+    runs_are_groups = len(np.unique(gid[first])) == len(first) and bool(
+        ((start0[1:] >= start0[:-1]) | new[1:]).all())
+    if runs_are_groups:
+        order = None
+        start, end, kernel = start0, end0, cols["kernel"]
+        first_orig = first
+    else:
+        # Two stable sorts (start, then group): both inputs are made of long presorted
+        # runs, which timsort merges in near-linear time.
+        by_start = np.argsort(start0, kind="stable")
+        order = by_start[np.argsort(gid[by_start], kind="stable")]
+        del by_start
+        gs = gid[order]
+        np.not_equal(gs[1:], gs[:-1], out=new[1:])
+        del gs
+        first = np.flatnonzero(new)
+        start, end, kernel = start0[order], end0[order], cols["kernel"][order]
+        first_orig = order[first]
+    del gid
     g_sorted = np.cumsum(new) - 1
     del new
-    g = np.empty(n, np.int64)
-    g[order] = g_sorted
-    start = start0[order]
-    end = frame["end"].to_numpy()[order]
-    kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()[order]
-    first_orig = order[first]
-    del order
+    if order is None:
+        g = g_sorted
+    else:
+        g = np.empty(n, np.int64)
+        g[order] = g_sorted
     gmin = start[first]
     gmax = np.maximum.reduceat(end, first)
     dur = end - start
-    dur[~kernel] = 0
-    kernel_ns = np.add.reduceat(dur, first)
-    del dur
-    kernels = np.add.reduceat(kernel.astype(np.int64), first)
-    del kernel
-    # Busy time: shift each group into its own window of the number line, so that one
-    # running maximum of ends, over all groups at once, acts within each group.
-    width = np.maximum(gmax, gmin) - gmin + 1
-    shift = (np.cumsum(width) - width - gmin)[g_sorted]
-    del g_sorted
-    start += shift
-    end += shift
-    del shift
-    prev = np.empty(n, np.int64)
-    prev[0] = -1
-    np.maximum.accumulate(end[:-1], out=prev[1:])
-    np.maximum(start, prev, out=prev)
-    del start
-    np.subtract(end, prev, out=end)
-    np.clip(end, 0, None, out=end)
-    del prev
+    all_kernels = bool(kernel.all())
+    kernel_ns = np.add.reduceat(dur if all_kernels else np.where(kernel, dur, 0), first)
+    kernels = np.diff(np.append(first, n)) if all_kernels else np.add.reduceat(
+        kernel.astype(np.int64), first)
+    starts_new = np.ones(n, bool)
+    starts_new[1:] = g_sorted[1:] != g_sorted[:-1]
+    # Busy (union) time. When every op starts after the previous one of its group ended
+    # (one stream: the usual case), the union is the sum of durations; else each group is
+    # shifted into its own window of the number line so one running maximum of ends,
+    # over all groups at once, acts within each group.
+    if bool(((start[1:] >= end[:-1]) | starts_new[1:]).all()):
+        busy = np.add.reduceat(dur, first)
+    else:
+        width = np.maximum(gmax, gmin) - gmin + 1
+        shift = (np.cumsum(width) - width - gmin)[g_sorted]
+        s_sh = start + shift
+        e_sh = end + shift
+        del shift
+        prev = np.empty(n, np.int64)
+        prev[0] = -1
+        np.maximum.accumulate(e_sh[:-1], out=prev[1:])
+        np.maximum(s_sh, prev, out=prev)
+        del s_sh
+        np.subtract(e_sh, prev, out=e_sh)
+        np.clip(e_sh, 0, None, out=e_sh)
+        busy = np.add.reduceat(e_sh, first)
     return g, {
         "first": first_orig, "kernels": kernels,
         "memops": np.diff(np.append(first, n)) - kernels, "kernel_ns": kernel_ns,
-        "busy_ns": np.add.reduceat(end, first), "start": gmin, "span_ns": gmax - gmin}
+        "busy_ns": busy, "start": gmin, "span_ns": gmax - gmin}
 
 
-def _instances(frame: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _heads(cols: Cols, names: list[str], rows: npt.NDArray[np.int64]) -> pl.DataFrame:
+    """The ``names`` columns at ``rows`` (one row per group)."""
+    return pl.DataFrame({k: pl.Series(k, cols[k][rows]) for k in names})
+
+
+def _instances(cols: Cols, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "inst", "replay"]
-    g, agg = _grouped(frame, keys)
+    g, agg = _grouped(cols, keys)
+    cols["g"] = g
     carry = [*keys, "step_key", "step_range", "graph_step"]
-    if "block" in frame.columns:
+    if "block" in cols:
         carry += ["block", "reps"]
-    head: pl.DataFrame = frame.select(carry)[agg.pop("first")]
+    head = _heads(cols, carry, agg.pop("first"))
     out = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()}).with_row_index("g")
     out = out.with_columns(pl.col("g").cast(pl.Int64))
-    data = frame.with_columns(g=pl.Series(g))
     labels = ranges.select(pl.col("idx").alias("inst"), name="label", layer="layer")
     out = out.join(labels, on="inst", how="left")
     if "block" in out.columns:
@@ -316,7 +358,7 @@ def _instances(frame: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.DataFrame,
         pid=pid_of(pl.col("proc")))
     out = out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns"),
                            type=layer_type(pl.col("name"))).sort("proc", "start")
-    return data, out
+    return out
 
 
 def _agg(by: list[str]) -> list[pl.Expr]:
@@ -339,10 +381,10 @@ def _types(instances: pl.DataFrame) -> pl.DataFrame:
     return out.sort("pid", "first_start").drop("first_start")
 
 
-def _steps(frame: pl.DataFrame, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+def _steps(cols: Cols, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "step_key"]
-    _, agg = _grouped(frame, keys)
-    head: pl.DataFrame = frame.select(*keys, "step_range", "graph_step")[agg.pop("first")]
+    _, agg = _grouped(cols, keys)
+    head = _heads(cols, [*keys, "step_range", "graph_step"], agg.pop("first"))
     per = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
     counts = instances.group_by(keys).agg(
         layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
@@ -372,20 +414,37 @@ def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
         first=pl.col("pid").min()).sort("name").drop("first")
 
 
-def _top_kernels(frame: pl.DataFrame, instances: pl.DataFrame,
-                 names: pl.DataFrame) -> pl.DataFrame:
+DENSE_KEYS = 1 << 24
+"""Up to this many (label, kernel name) pairs are counted in a dense table (bincount)."""
+
+
+def _top_kernels(cols: Cols, instances: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
     """Per (pid, layer name): the five kernels with the most summed time."""
     # instances is sorted differently from the group ids: map g -> (pid, name) code.
     inst = instances.select("g", "pid", "name").with_columns(
         code=pl.struct("pid", "name").rank("dense").cast(pl.Int64) - 1).sort("g")
-    code = inst["code"].to_numpy()[frame["g"].to_numpy()]
-    kernel = frame["kind"].is_in(IS_KERNEL_KINDS).to_numpy()
-    name = frame["name_id"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+    code_of_g = inst["code"].to_numpy()
+    kernel = cols["kernel"]
+    every = bool(kernel.all())
+    g = cols["g"] if every else cols["g"][kernel]
+    name = cols["name_id"] if every else cols["name_id"][kernel]
+    dur = cols["end"] - cols["start"]
+    if not every:
+        dur = dur[kernel]
     width = int(name.max(initial=0)) + 2
-    key = code[kernel] * width + name[kernel] + 1
-    dur = (frame["end"].to_numpy() - frame["start"].to_numpy())[kernel]
-    top = pl.DataFrame({"key": key, "dur": dur}).group_by("key").agg(
-        count=pl.len(), kernel_ns=pl.col("dur").sum())
+    key = code_of_g[g] * width + name + 1
+    n_codes = int(code_of_g.max(initial=-1)) + 1
+    if n_codes * width <= DENSE_KEYS:
+        # A dense table: one pass, no hashing of 10 M keys.
+        count = np.bincount(key, minlength=n_codes * width)
+        total = np.zeros(n_codes * width, np.int64)
+        np.add.at(total, key, dur)
+        hit = np.flatnonzero(count)
+        top = pl.DataFrame({"key": hit, "count": count[hit].astype(np.uint32),
+                            "kernel_ns": total[hit]})
+    else:
+        top = pl.DataFrame({"key": key, "dur": dur}).group_by("key").agg(
+            count=pl.len(), kernel_ns=pl.col("dur").sum())
     top = top.with_columns(code=pl.col("key") // width,
                            name_id=pl.col("key") % width - 1).join(
         inst.select("code", "pid", label="name").unique("code"), on="code", how="left")
@@ -401,17 +460,17 @@ SEQUENCE_SAMPLE = 64
 """Instances per layer type whose kernel sequences are compared (the most common wins)."""
 
 
-def _sequences(frame: pl.DataFrame, instances: pl.DataFrame,
-               names: pl.DataFrame) -> pl.DataFrame:
+def _sequences(cols: Cols, instances: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
     """Per (pid, layer type): the most common kernel sequence of one instance."""
     sample = instances.sort("start").group_by("pid", "type", maintain_order=True).head(
         SEQUENCE_SAMPLE).select("g", "pid", "type")
     mask = np.zeros(instances.height, bool)
     mask[sample["g"].to_numpy()] = True
-    ops = frame.filter(pl.Series(mask[frame["g"].to_numpy()])).join(sample, on="g")
+    rows = np.flatnonzero(mask[cols["g"]])
+    ops = _heads(cols, ["g", "name_id", "launch_start", "start"], rows).join(sample, on="g")
     seq = ops.sort("g", "launch_start", "start").group_by(
         "pid", "type", "g", maintain_order=True).agg(
-        seq=pl.col("name_id").fill_null(-1))
+        seq=pl.col("name_id"))
     common = seq.group_by("pid", "type", "seq").agg(n=pl.len()).sort(
         ["pid", "type", "n"], descending=[False, False, True]).unique(
         ["pid", "type"], keep="first", maintain_order=True)
