@@ -1,0 +1,45 @@
+"""``profile capture`` output from an NVIDIA H200, checked against the model's own counts.
+
+``tests/data/profiler/moe4_capture_b{1,8}.json.gz`` were written on an H200 (torch 2.11)
+by :func:`agentload.profiler.capture.capture` with ``tool="torch"`` (the code path of
+``agentload profile capture --tool torch -- python tests/gpu/capture_layer_stack.py``):
+four of the kernels room's MoE decoder layers on the eager ``standard`` path, one warm-up
+step and 3 decode steps, each layer in a ``layer<i>.standard`` range. The
+``*_truth.json`` files hold what each layer launches when profiled alone, counted from
+torch's event list in a separate run (``capture_layer_stack.py --count``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import run_cli
+
+DATA = Path(__file__).parent / "data" / "profiler"
+STEPS = 4  # the warm-up step and 3 decode steps: the script runs whole under the profiler
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_captured_trace_counts_match_the_launches(batch: int) -> None:
+    trace = DATA / f"moe4_capture_b{batch}.json.gz"
+    truth = json.loads((DATA / f"moe4_capture_b{batch}_truth.json").read_text())["kernels"]
+    assert set(truth.values()) == {56 if batch == 1 else 170}  # the bench's launch counts
+    done = run_cli("profile", "layers", str(trace), "--json")
+    rows = {r["name"]: r for r in orjson.loads(done.stdout)["layers"]}
+    for name, per_step in truth.items():
+        assert rows[name]["instances"] == STEPS, name
+        assert rows[name]["kernels"] == STEPS * per_step, name
+        # busy also covers the layer's small memcpys, which ``kernels`` does not count
+        assert 0 < rows[name]["kernel_ns"] <= rows[name]["busy_ns"] <= rows[name]["span_ns"]
+
+
+def test_captured_trace_is_from_an_h200() -> None:
+    import gzip
+
+    trace = json.loads(gzip.open(DATA / "moe4_capture_b1.json.gz").read())
+    assert [d["name"] for d in trace["deviceProperties"]] == ["NVIDIA H200"]
+    assert (DATA / "moe4_capture_b8.json.gz").stat().st_size < 1_000_000
