@@ -15,14 +15,23 @@ path beyond a few integer appends per request:
 
 ``summary()`` goes into ``summary.json`` under ``"client"``; its
 ``saturation_reasons`` (empty when healthy) make the run's validity verdict "invalid".
+
+Live: when ``on_figures`` is set (the engine sets it, to journal the figures and feed
+the dashboard), the probe hands it ``live()`` once a second: the same keys, over the
+run so far, with the percentiles read from log-bucket histograms (``LogHistogram``,
+within 3 % of the exact value) so a second's update costs only the second's new
+samples. ``stop()`` hands it the exact ``summary()`` with ``final`` set, so the last
+figures the dashboard shows are summary.json's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +45,42 @@ MAX_MULTI_EVENT_READS = 0.10   # share of token reads that carried more than one
 MAX_LOOP_LAG_P99_S = 0.050
 MAX_STAMP_ERROR_P99_S = 0.050  # Python minus kernel stamp, when kernel stamps exist
 PROBE_S = 0.010
+LIVE_EVERY_S = 1.0
+
+
+class LogHistogram:
+    """Counts of nanosecond values in geometric buckets (``PER_DECADE`` per decade, from
+    1 us to 1000 s): adding costs only the new values, and a quantile is read off the
+    cumulative counts, to within half a bucket (about 3 %)."""
+
+    PER_DECADE = 40
+    LOW_NS = 1_000
+    DECADES = 9
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.PER_DECADE * self.DECADES + 2, dtype=np.int64)
+        self.n = 0
+
+    def add(self, values_ns: np.ndarray) -> None:
+        if not values_ns.size:
+            return
+        v = np.maximum(values_ns.astype(np.float64), self.LOW_NS)
+        idx = np.floor(np.log10(v / self.LOW_NS) * self.PER_DECADE).astype(np.int64) + 1
+        # Bucket 0 holds values at or below 1 us (a negative stamp error included).
+        idx[values_ns <= self.LOW_NS] = 0
+        np.clip(idx, 0, len(self.counts) - 1, out=idx)
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.n += int(values_ns.size)
+
+    def quantile_s(self, q: float) -> float | None:
+        """The ``q``-quantile (0..1) in seconds: the geometric middle of its bucket."""
+        if not self.n:
+            return None
+        k = int(np.searchsorted(np.cumsum(self.counts), max(1, math.ceil(q * self.n))))
+        if k == 0:
+            return self.LOW_NS / 1e9
+        mid = self.LOW_NS * 10 ** ((k - 0.5) / self.PER_DECADE)
+        return mid / 1e9
 
 
 class ClientDiagnostics:
@@ -54,6 +99,11 @@ class ClientDiagnostics:
         self.cpu_s = self.wall_s = 0.0
         self._gc_t = 0
         self._running = False
+        self.on_figures: Callable[[dict[str, Any], bool], None] | None = None
+        """Called with ``live()`` once a second by the probe, and with the exact
+        ``summary()`` (``final=True``) by ``stop()``."""
+        self._hist = {"stamp_error": LogHistogram(), "loop_lag": LogHistogram()}
+        self._fed = {"stamp_error": 0, "loop_lag": 0}
 
     def observe(self, res: StreamResult) -> None:
         """Fold one finished request's stamps and read counts in."""
@@ -89,15 +139,51 @@ class ClientDiagnostics:
         self.wall_s = time.perf_counter() - self._wall0
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        if self.on_figures is not None:
+            self.on_figures(self.summary(), True)
 
     async def probe(self, interval_s: float = PROBE_S) -> None:
         """Run until cancelled: the loop's oversleep of ``interval_s`` sleeps."""
         perf = time.perf_counter_ns
         want = int(interval_s * 1e9)
+        every = max(1, round(LIVE_EVERY_S / interval_s))
+        k = 0
         while True:
             t = perf()
             await asyncio.sleep(interval_s)
             self.loop_lag_ns.append(perf() - t - want)
+            k += 1
+            if k >= every and self.on_figures is not None:
+                k = 0
+                self.on_figures(self.live(), False)
+
+    def _feed(self, name: str, values: array[int]) -> None:
+        start = self._fed[name]
+        if len(values) > start:
+            # A copy of the new tail: a buffer view would pin the array (no appends).
+            self._hist[name].add(np.array(values[start:], dtype=np.int64))
+            self._fed[name] = len(values)
+
+    def live(self) -> dict[str, Any]:
+        """``summary()``'s figures over the run so far, cheaply (histogram percentiles;
+        requests count once they have finished)."""
+        self._feed("stamp_error", self.stamp_error_ns)
+        self._feed("loop_lag", self.loop_lag_ns)
+        wall = time.perf_counter() - self._wall0 if self._running else self.wall_s
+        cpu_s = time.process_time() - self._cpu0 if self._running else self.cpu_s
+        out: dict[str, Any] = {
+            "kernel_stamps": self.kernel_chunks > 0,
+            "stamp_error_p99_s": self._hist["stamp_error"].quantile_s(0.99),
+            "events_per_read": (self.events / self.reads) if self.reads else None,
+            "multi_event_read_share": (self.multi_event_reads / self.reads
+                                       if self.reads else None),
+            "max_events_per_read": self.max_events_per_read,
+            "loop_lag_p99_s": self._hist["loop_lag"].quantile_s(0.99),
+            "gc_collections": len(self.gc_pause_ns),
+            "cpu_cores": cpu_s / wall if wall > 0 else None,
+        }
+        out["saturation_reasons"] = saturation_reasons(out)
+        return out
 
     def summary(self) -> dict[str, Any]:
         """The figures for ``summary.json``; ``saturation_reasons`` empty when healthy."""

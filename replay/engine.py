@@ -32,7 +32,7 @@ from agentload.replay.cache_model import PrefixCacheModel, server_block_keys
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.diagnostics import ClientDiagnostics
 from agentload.replay.journal import Journal, RequestRecord
-from agentload.replay.live import Header, LiveBoard
+from agentload.replay.live import Header, LiveBoard, client_figures
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
@@ -165,10 +165,19 @@ class ReplayEngine:
                                      len(trace.sessions) if options.open_loop else options.users,
                                      self.total_requests, options.duration_s,
                                      recycle=options.recycle))
+        # The client's figures once a second (and summary.json's at the end): journaled,
+        # so a playback shows them too, and on the dashboard.
+        self.diagnostics.on_figures = self._client_figures
 
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""
         return time.perf_counter_ns() - self._t0_ns
+
+    def _client_figures(self, figures: dict[str, Any], final: bool) -> None:
+        t_ns = self.now_ns()
+        compact = client_figures(figures)
+        self.journal.write_event("client", t_ns, final=final, **compact)
+        self.live.client_sample(t_ns, compact, final)
 
     async def run(self) -> EngineOutcome:
         self._t0_ns = time.perf_counter_ns()

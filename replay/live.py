@@ -44,6 +44,10 @@ import orjson
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord
 from agentload.replay.metrics import validity
 
+CLIENT_KEYS = ("kernel_stamps", "stamp_error_p99_s", "events_per_read",
+               "multi_event_read_share", "loop_lag_p99_s", "cpu_cores")
+"""The client self-diagnostics the dashboard shows (``replay/diagnostics.py`` names)."""
+
 Weighting = Literal["request", "user", "session"]
 WEIGHTINGS: tuple[Weighting, ...] = ("request", "user", "session")
 LaneState = Literal["idle", "waiting", "pausing", "subagents", "prefilling", "decoding"]
@@ -196,6 +200,49 @@ class ServerGauges:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientHealth:
+    """The client's self-diagnostics over the run so far (``summary.json`` → ``client``).
+
+    Live figures are the probe's once-a-second estimates (histogram percentiles); the
+    ``final`` ones are summary.json's exact values. ``reasons`` empty: the client kept
+    up; else the run is invalid for those reasons.
+    """
+
+    t_s: float
+    final: bool = False
+    kernel_stamps: bool = False
+    stamp_error_p99_s: float | None = None
+    events_per_read: float | None = None
+    multi_event_read_share: float | None = None
+    loop_lag_p99_s: float | None = None
+    cpu_cores: float | None = None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        return "invalid" if self.reasons else "valid"
+
+
+def client_figures(d: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard's share of a diagnostics summary: ``CLIENT_KEYS`` and the reasons."""
+    out = {k: d.get(k) for k in CLIENT_KEYS}
+    out["saturation_reasons"] = list(d.get("saturation_reasons") or ())
+    return out
+
+
+def client_health(t_s: float, d: dict[str, Any], final: bool = False) -> ClientHealth:
+    def num(key: str) -> float | None:
+        v = d.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    return ClientHealth(t_s, final, bool(d.get("kernel_stamps")),
+                        num("stamp_error_p99_s"), num("events_per_read"),
+                        num("multi_event_read_share"), num("loop_lag_p99_s"),
+                        num("cpu_cores"), tuple(str(r) for r in
+                                                d.get("saturation_reasons") or ()))
+
+
+@dataclass(frozen=True, slots=True)
 class LiveSnapshot:
     """The whole run at one instant. Immutable: safe to hand to any thread or process."""
 
@@ -213,6 +260,7 @@ class LiveSnapshot:
     events: tuple[Event, ...]
     server: ServerGauges | None
     note: str | None = None  # e.g. where the report was written, once finalized
+    client: ClientHealth | None = None  # the client's self-diagnostics (None: not yet)
 
     def headline(self, weighting: Weighting) -> Headline:
         for h in self.headlines:
@@ -499,6 +547,7 @@ class LiveBoard:
         self._server_ok: bool | None = None
         self._server_prev: dict[str, float] | None = None
         self._server_hist: deque[tuple[int, float, float]] = deque(maxlen=WINDOW_BINS + 1)
+        self._client: ClientHealth | None = None
         self._events: deque[Event] = deque(maxlen=EVENTS_KEPT)
         self._strips: tuple[bytes, ...] | None = None
         self._event_seq = 0
@@ -663,6 +712,27 @@ class LiveBoard:
             waiting=values.get("vllm:num_requests_waiting"), kv_usage=kv,
             prefix_hit_rate=rate)
 
+    @property
+    def client(self) -> ClientHealth | None:
+        """The client's latest self-diagnostics (None before the first)."""
+        return self._client
+
+    def client_sample(self, t_ns: int, figures: dict[str, Any], final: bool = False) -> None:
+        """The client's self-diagnostics so far (``final``: summary.json's own figures).
+
+        A verdict that changes is logged, with its reasons, in the event log.
+        """
+        self._roll(t_ns)
+        was = self._client
+        now = client_health(t_ns / 1e9, figures, final)
+        if now.reasons and (was is None or not was.reasons):
+            self.event(t_ns, "client", "client INVALID: " + "; ".join(now.reasons), "error")
+        elif was is not None and was.reasons and not now.reasons:
+            self.event(t_ns, "client", "client keeps up again (valid)")
+        if was is None or was.reasons != now.reasons:
+            self._new_since_headline = True  # the run's verdict follows the client's
+        self._client = now
+
     def finish(self, t_ns: int, stop_reason: str | None = None) -> None:
         """The replay ended (nothing more will be sent or received)."""
         self._roll(t_ns)
@@ -747,8 +817,11 @@ class LiveBoard:
                 ttft_p90_s=q_ttft(0.9), **rates))
         self._headlines = tuple(heads)
         exact = self._osl_exact / self._done if self._done else None
+        # A saturated client makes the run invalid, as in summary.json (metrics.validity).
+        client = {"saturation_reasons": list(self._client.reasons)} if self._client else {}
         verdict = validity({"requests_completed": self._done,
-                            "requests_failed": self._failed, "osl_exact_fraction": exact})
+                            "requests_failed": self._failed, "osl_exact_fraction": exact,
+                            "client": client})
         self._totals = Totals(
             requests_done=self._done, requests_failed=self._failed,
             warmup_done=self._warmup_done,
@@ -801,7 +874,8 @@ class LiveBoard:
             remaining_s=None if self._finished else self._remaining(elapsed),
             finished=self._finished, stop_reason=self._stop_reason,
             headlines=self._headlines, totals=totals, series=series, lanes=self._views,
-            strips=strips, events=tuple(self._events), server=self._server, note=self.note)
+            strips=strips, events=tuple(self._events), server=self._server, note=self.note,
+            client=self._client)
         self.latest = snap
         return snap
 
@@ -992,6 +1066,8 @@ class JournalPlayback:
             elif ev == "replay_end":
                 self._ended = True
                 self._push(t, "end", obj)
+            elif ev == "client":
+                self._push(t, "client", obj)
 
     def _apply(self, kind: str, p: Any, t: int) -> None:
         b = self.board
@@ -1012,8 +1088,22 @@ class JournalPlayback:
         elif kind == "backoff":
             b.event(t, "backoff", f"lane {p.get('lane')} backs off {p.get('s')} s: "
                     f"{p.get('reason')}", "warn")
+        elif kind == "client":
+            b.client_sample(t, p, bool(p.get("final")))
         elif kind == "end":
             b.finish(t, p.get("stop_reason"))
+            if b.client is None:
+                self._client_from_summary(t)
+
+    def _client_from_summary(self, t_ns: int) -> None:
+        """A journal from before client lines: summary.json's figures, at the end."""
+        path = self.run_dir / "summary.json"
+        try:
+            client = orjson.loads(path.read_bytes()).get("client")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return
+        if isinstance(client, dict) and client:
+            self.board.client_sample(t_ns, client, final=True)
 
     def advance(self, t_ns: float) -> None:
         """Apply everything that happened up to ``t_ns``."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agentload.replay.diagnostics import saturation_reasons
 from agentload.replay.live import Header, LiveBoard, LiveSnapshot
 from agentload.tui import format as f
 from agentload.tui.app import ConfirmStop, DashboardApp, InfoScreen
@@ -22,11 +23,13 @@ from agentload.tui.remote import DashboardProcess, RemoteSource
 from agentload.tui.synthetic import ScriptedSource, write_synthetic_run
 from agentload.tui.widgets import (
     Charts,
+    ClientBar,
     EventLog,
     HeaderBar,
     Headline,
     LanesStrip,
     UsersTable,
+    client_line,
     lane_cells,
     spark_rows,
 )
@@ -365,3 +368,59 @@ async def test_users_table_sorts_worst_first(source: ScriptedSource) -> None:
         assert table.cursor_row == 39 and table.scroll_offset.y > 0
         await pilot.press("home")
         assert table.cursor_row == 0 and table.scroll_offset.y == 0
+
+
+def test_client_line_renders_the_boards_figures() -> None:
+    figures = {"kernel_stamps": True, "stamp_error_p99_s": 0.00042, "events_per_read": 1.25,
+               "multi_event_read_share": 0.125, "loop_lag_p99_s": 0.0731,
+               "cpu_cores": 0.47}
+    figures["saturation_reasons"] = saturation_reasons(figures)
+    board = LiveBoard(Header("x", "t", 1, 2, 10, None))
+    board.client_sample(1_000_000_000, figures)
+    c = board.publish(1_000_000_000).client
+    assert c is not None
+    line = client_line(c).plain
+    # The values the board holds, verdict first, then its two reasons (12.5 % > 10 %
+    # multi-event reads, 73.1 ms > 50 ms loop lag).
+    assert line.startswith(" client  INVALID ")
+    for part in ("stamp error p99 ≈420 µs", "events/read 1.25", "(12.5% multi)",
+                 "loop lag p99 ≈73 ms", "CPU 47%"):
+        assert part in line, part
+    assert line.endswith("; ".join(c.reasons)) and len(c.reasons) == 2
+    # The final figures (summary.json's) carry no ≈; a run without kernel stamps says so.
+    board.client_sample(2_000_000_000, {**figures, "kernel_stamps": False,
+                                        "saturation_reasons": []}, final=True)
+    final = client_line(board.publish(2_000_000_000).client).plain
+    assert " valid " in final and "INVALID" not in final and "≈" not in final
+    assert "stamp error p99 n/a (no kernel stamps)" in final and "loop lag p99 73 ms" in final
+    assert "none yet" in client_line(None).plain
+
+
+async def test_a_saturated_client_shows_invalid_with_its_reason(tmp_path: Path) -> None:
+    run = write_synthetic_run(tmp_path / "run", users=6, duration_s=60, seed=4,
+                              client_saturated_at_s=30)
+    src = ScriptedSource(run.run_dir, start_s=20.0)
+    app = DashboardApp(src)
+    try:
+        async with app.run_test(size=(220, 36)) as pilot:
+            await pilot.pause()
+            bar = text_of(app.query_one(ClientBar))
+            assert " valid " in bar and "INVALID" not in bar
+            src.advance(15.0)
+            await pilot.pause(0.4)
+            snap = app.snapshot
+            assert snap is not None and snap.client is not None
+            bar = text_of(app.query_one(ClientBar))
+            assert "INVALID" in bar
+            assert "client event loop lagged: p99" in bar and "(> 50 ms)" in bar
+            # The run's verdict follows (as summary.json's validity does), reason once.
+            assert snap.totals.verdict == "invalid"
+            assert set(snap.client.reasons) <= set(snap.totals.reasons)
+            headline = text_of(app.query_one(Headline))
+            assert "invalid" in headline and "client saturated (client line)" in headline
+            assert "loop lagged" not in headline
+            assert bar == client_line(snap.client).plain
+            # The event log says when it turned.
+            assert any("client INVALID" in t for t in app.query_one(EventLog).line_texts())
+    finally:
+        src.close()

@@ -11,15 +11,19 @@ import asyncio
 import math
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from aiohttp import web
 
+from agentload.replay import diagnostics
+from agentload.replay.diagnostics import ClientDiagnostics, LogHistogram, saturation_reasons
 from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
 from agentload.replay.journal import Journal, read_journal, request_frame
 from agentload.replay.live import (
+    CLIENT_KEYS,
     Header,
     JournalPlayback,
     LiveBoard,
@@ -288,3 +292,150 @@ def test_user_weighting_differs_from_request_weighting(tmp_path: Path) -> None:
     by_req = snap.headline("request").p90_interactivity_tok_s
     by_user = snap.headline("user").p90_interactivity_tok_s
     assert by_req is not None and by_user is not None and by_user < by_req
+
+
+# --------------------------------------------------------------------------- client health
+
+SATURATED = {"kernel_stamps": True, "stamp_error_p99_s": 0.0004, "events_per_read": 1.6,
+             "multi_event_read_share": 0.25, "loop_lag_p99_s": 0.2, "cpu_cores": 0.4}
+
+
+def test_a_saturated_client_makes_the_snapshot_invalid_with_its_reasons() -> None:
+    board = LiveBoard(Header("x", "t", 1, 2, 10, None))
+    assert board.publish(0).client is None
+    healthy = {**SATURATED, "events_per_read": 1.0, "multi_event_read_share": 0.0,
+               "loop_lag_p99_s": 0.002}
+    healthy["saturation_reasons"] = saturation_reasons(healthy)
+    board.client_sample(1_000_000_000, healthy)
+    snap = board.publish(1_000_000_000)
+    assert snap.client is not None and snap.client.verdict == "valid"
+    assert snap.client.loop_lag_p99_s == pytest.approx(0.002) and not snap.client.final
+    bad = {**SATURATED, "saturation_reasons": saturation_reasons(SATURATED)}
+    board.client_sample(2_000_000_000, bad)
+    snap = board.publish(2_000_000_000)
+    c = snap.client
+    assert c is not None and c.verdict == "invalid"
+    # Two budgets broken: multi-event reads (25 % > 10 %) and loop lag (200 ms > 50 ms).
+    assert len(c.reasons) == 2
+    assert "25% of token reads" in c.reasons[0] and "p99 200.0 ms" in c.reasons[1]
+    assert c.events_per_read == pytest.approx(1.6) and c.cpu_cores == pytest.approx(0.4)
+    logged = [e for e in snap.events if e.kind == "client"]
+    assert len(logged) == 1 and logged[0].level == "error"
+    assert logged[0].text == "client INVALID: " + "; ".join(c.reasons)
+    # Still saturated: no second line; recovered: said once.
+    board.client_sample(3_000_000_000, bad)
+    board.client_sample(4_000_000_000, healthy, final=True)
+    snap = board.publish(4_000_000_000)
+    assert [e.text for e in snap.events if e.kind == "client"][1:] == [
+        "client keeps up again (valid)"]
+    assert snap.client is not None and snap.client.final and snap.client.verdict == "valid"
+    assert pickle.loads(pickle.dumps(snap)).client == snap.client
+
+
+def test_log_histogram_quantiles_are_within_three_percent() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(12.0, 1.8, 50_000).astype(np.int64)
+    h = LogHistogram()
+    for part in np.array_split(values, 7):  # fed in pieces, as the probe does
+        h.add(part)
+    assert h.n == values.size
+    for q in (0.5, 0.9, 0.99):
+        exact = float(np.percentile(values, q * 100)) / 1e9
+        assert h.quantile_s(q) == pytest.approx(exact, rel=0.03), q
+    low = LogHistogram()
+    low.add(np.array([-20, 0, 999], dtype=np.int64))
+    assert low.quantile_s(0.99) == pytest.approx(1e-6)
+    assert LogHistogram().quantile_s(0.5) is None
+
+
+def test_live_figures_agree_with_the_summary() -> None:
+    d = ClientDiagnostics()
+    rng = np.random.default_rng(1)
+    d.stamp_error_ns.extend(int(x) for x in rng.lognormal(11.0, 1.0, 5000))
+    d.loop_lag_ns.extend(int(x) for x in rng.lognormal(13.0, 1.0, 800))
+    d.reads, d.events, d.multi_event_reads, d.kernel_chunks = 1000, 1300, 150, 5000
+    # Not started: no CPU window (None in both), so the verdicts compare exactly.
+    live, exact = d.live(), d.summary()
+    for key in ("stamp_error_p99_s", "loop_lag_p99_s"):
+        assert live[key] == pytest.approx(exact[key], rel=0.03), key
+    assert live["events_per_read"] == exact["events_per_read"] == 1.3
+    assert live["multi_event_read_share"] == exact["multi_event_read_share"] == 0.15
+    # The same verdict: 15 % multi-event reads are over the 10 % budget.
+    assert live["saturation_reasons"] == exact["saturation_reasons"]
+    assert len(exact["saturation_reasons"]) == 1
+    # stop() hands the exact summary over, marked final.
+    seen: list[tuple[dict[str, Any], bool]] = []
+    d.on_figures = lambda figures, final: seen.append((figures, final))
+    d.start()
+    d.stop()
+    assert len(seen) == 1 and seen[0][1] is True
+    assert seen[0][0]["stamp_error_p99_s"] == exact["stamp_error_p99_s"]
+    # Samples added after a live() call are counted by the next one.
+    d.stamp_error_ns.extend([10**9] * 5000)
+    assert d.live()["stamp_error_p99_s"] == pytest.approx(1.0, rel=0.03)
+
+
+async def test_client_figures_are_journaled_shown_live_and_played_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(diagnostics, "LIVE_EVERY_S", 0.05)
+    runner, url = await _serve(sse_app())
+    try:
+        options = ReplayOptions(users=2, cache_salt=7)
+        trace = small_trace()
+        with Journal(tmp_path / "journal.jsonl") as journal:
+            journal.write_run({"target": {"label": "fake", "gpus": 2},
+                               "trace": {"name": trace.name, "requests": trace.num_requests},
+                               "options": {"users": 2}})
+            client = build_http_client(options, url)
+            engine = ReplayEngine(trace, Target(url, "m", gpus=2, label="fake"), options,
+                                  journal, client)
+            async with client:
+                # As run.py's _replay does it.
+                engine.diagnostics.start()
+                probe = asyncio.create_task(engine.diagnostics.probe())
+                await engine.run()
+                engine.diagnostics.stop()
+                probe.cancel()
+            final = engine.live.publish(engine.now_ns())
+    finally:
+        await runner.cleanup()
+    lines = [orjson.loads(x) for x in (tmp_path / "journal.jsonl").read_bytes().splitlines()]
+    client_lines = [x for x in lines if x.get("kind") == "client"]
+    assert len(client_lines) >= 3  # live ones, then the final one
+    assert [x["final"] for x in client_lines] == [False] * (len(client_lines) - 1) + [True]
+    summary = engine.diagnostics.summary()
+    last = client_lines[-1]
+    for key in CLIENT_KEYS:
+        assert last[key] == summary[key], key
+    assert last["saturation_reasons"] == summary["saturation_reasons"]
+    c = final.client
+    assert c is not None and c.final
+    assert c.stamp_error_p99_s == summary["stamp_error_p99_s"]
+    assert c.events_per_read == summary["events_per_read"]
+    assert c.loop_lag_p99_s == summary["loop_lag_p99_s"]
+    assert c.verdict == ("invalid" if summary["saturation_reasons"] else "valid")
+    clock = [0.0]
+    playback = JournalPlayback(tmp_path, clock=lambda: clock[0])
+    clock[0] = 3600.0
+    played = playback.snapshot()
+    playback.close()
+    assert played is not None and played.client is not None
+    assert played.client == c
+
+
+def test_playback_of_an_old_journal_takes_the_client_from_summary_json(
+        tmp_path: Path) -> None:
+    run = write_synthetic_run(tmp_path / "run", users=3, duration_s=20, seed=2)
+    path = run.run_dir / "journal.jsonl"
+    kept = [x for x in path.read_bytes().splitlines() if b'"kind":"client"' not in x]
+    path.write_bytes(b"\n".join(kept) + b"\n")
+    figures = {**SATURATED, "saturation_reasons": saturation_reasons(SATURATED)}
+    (run.run_dir / "summary.json").write_bytes(orjson.dumps({"client": figures}))
+    clock = [0.0]
+    pb = JournalPlayback(run.run_dir, clock=lambda: clock[0])
+    assert pb.snapshot().client is None  # type: ignore[union-attr]
+    clock[0] = 3600.0
+    snap = pb.snapshot()
+    pb.close()
+    assert snap is not None and snap.client is not None and snap.client.final
+    assert snap.client.reasons == tuple(figures["saturation_reasons"])

@@ -72,3 +72,19 @@ def test_confirm_stop_on_a_live_run(snap_compare: SnapCompare,
 def test_stopping_a_live_run(snap_compare: SnapCompare,
                              app_for: Callable[..., DashboardApp]) -> None:
     assert snap_compare(app_for(live=True), press=["q", "y"], terminal_size=(100, 30))
+
+
+@pytest.fixture(scope="module")
+def saturated_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_run(tmp_path_factory.mktemp("snap-sat") / "run", users=12,
+                               duration_s=120, seed=21, error_rate=0.0, gpus=1,
+                               client_saturated_at_s=60).run_dir
+
+
+def test_saturated_client_is_invalid(snap_compare: SnapCompare, saturated_run_dir: Path
+                                     ) -> None:
+    source = ScriptedSource(saturated_run_dir, start_s=90.0)
+    try:
+        assert snap_compare(DashboardApp(source), terminal_size=(160, 30))
+    finally:
+        source.close()

@@ -25,6 +25,13 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
+from agentload.replay.diagnostics import (
+    MAX_CLIENT_CPU,
+    MAX_LOOP_LAG_P99_S,
+    MAX_MULTI_EVENT_READS,
+    MAX_STAMP_ERROR_P99_S,
+    PROBE_S,
+)
 from agentload.replay.live import (
     SERIES,
     SERIES_DEFINITIONS,
@@ -36,6 +43,7 @@ from agentload.replay.live import (
 from agentload.replay.metrics import DEFINITIONS
 from agentload.tui.widgets import (
     Charts,
+    ClientBar,
     EventLog,
     HeaderBar,
     Headline,
@@ -61,6 +69,12 @@ Headline {
     text-wrap: nowrap;
     text-overflow: clip;
     border-bottom: none;
+}
+
+ClientBar {
+    height: 1;
+    text-wrap: nowrap;
+    text-overflow: ellipsis;
 }
 
 #grid {
@@ -159,7 +173,17 @@ def definitions_text() -> str:
     lines += ["  [b]P50 interactivity  [/b] 1 / P50(ITL_i)",
               "  [b]errors             [/b] measured requests that failed, by kind",
               "  [b]validity           [/b] the report's verdict so far: error rate <= 10 %, "
-              ">= 99 % exact OSL", "", "[b]Weighting[/b] (key w)"]
+              ">= 99 % exact OSL",
+              "  [b]client             [/b] agentload's own health over the run so far "
+              "(summary.json → client): Python-minus-kernel stamp error p99, token events "
+              "per socket read (share with several), event-loop lag p99 (oversleep of a "
+              f"{PROBE_S * 1e3:g} ms sleep), CPU of one core; INVALID, with the reason, when "
+              f"the client was saturated (CPU > {MAX_CLIENT_CPU:.0%}, > "
+              f"{MAX_MULTI_EVENT_READS:.0%} multi-event reads, lag p99 > "
+              f"{MAX_LOOP_LAG_P99_S * 1e3:g} ms, stamp error p99 > "
+              f"{MAX_STAMP_ERROR_P99_S * 1e3:g} ms); ≈ marks a live estimate, "
+              "unmarked figures are summary.json's",
+              "", "[b]Weighting[/b] (key w)"]
     lines += [f"  [b]{w:<8}[/b] {WEIGHTING_DEFINITIONS[w]}" for w in WEIGHTINGS]
     lines += ["", "[b]Rolling series[/b]"]
     lines += [f"  [b]{label:<18}[/b] {SERIES_DEFINITIONS[key]}" for key, label, _ in SERIES]
@@ -253,6 +277,7 @@ class DashboardApp(App[None]):
         # shutdown draws into detached widgets instead of failing.
         self.header_bar = HeaderBar(id="header")
         self.headline = Headline(id="headline")
+        self.client_bar = ClientBar(id="client")
         self.charts = Charts(id="charts")
         self.charts.border_title = "1 time series · 1 s bins"
         self.users = UsersTable(id="users")
@@ -264,6 +289,7 @@ class DashboardApp(App[None]):
         self.events.border_title = "4 events"
         yield self.header_bar
         yield self.headline
+        yield self.client_bar
         with Grid(id="grid"):
             yield self.charts
             yield self.users
@@ -313,6 +339,7 @@ class DashboardApp(App[None]):
         with self.batch_update():
             self.header_bar.show(snap, self.weighting, self.paused, self.stopping)
             self.headline.show(snap, self.weighting)
+            self.client_bar.show(snap)
             self.charts.show(snap)
             self.users.show(snap)
             self.lanes.show(snap)

@@ -62,3 +62,12 @@ def series_value(x: float | None, unit: str) -> str:
     if unit == "req":
         return f"{x:.0f}"
     return rate(x)
+
+
+def fine_seconds(x: float | None) -> str:
+    """A small latency (the client's own error): microseconds under 1 ms."""
+    if x is None or math.isnan(x):
+        return NONE
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    return seconds(x)

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from agentload.replay.diagnostics import saturation_reasons
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord
 
 ERROR_KINDS = ("stall", "http_5xx", "cut")
@@ -45,8 +46,14 @@ def write_synthetic_run(run_dir: Path, users: int = 1000, duration_s: float = 60
                         seed: int = 0, turns: int = 12, pause_s: tuple[float, float] = (
                             2.0, 20.0), error_rate: float = 0.003,
                         subagent_rate: float = 0.15, label: str = "synthetic-arm",
-                        gpus: int = 8) -> SyntheticRun:
-    """Write ``run.json`` and ``journal.jsonl`` of a ``users``-lane run to ``run_dir``."""
+                        gpus: int = 8, client_saturated_at_s: float | None = None,
+                        ) -> SyntheticRun:
+    """Write ``run.json`` and ``journal.jsonl`` of a ``users``-lane run to ``run_dir``.
+
+    The client's self-diagnostics come once a second, healthy, until
+    ``client_saturated_at_s`` (when given): from then on its event loop lags by more
+    than the valid budget and the run turns invalid.
+    """
     rng = random.Random(seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     lines: list[tuple[int, bytes]] = []  # (time the engine would write it, line)
@@ -132,6 +139,19 @@ def write_synthetic_run(run_dir: Path, users: int = 1000, duration_s: float = 60
                     "vllm:num_requests_running": users * 0.6 * load,
                     "vllm:num_requests_waiting": max(0.0, rng.gauss(users * 0.02 * load, 2)),
                     "vllm:kv_cache_usage_perc": min(1.0, 0.3 + 0.6 * load)})
+    # The client's self-diagnostics every second, as the engine journals them.
+    lag_p99 = 0.004
+    for sec in range(1, int(duration_s) + 1):
+        t_ns = _ns(float(sec))
+        if client_saturated_at_s is not None and sec >= client_saturated_at_s:
+            lag_p99 = max(lag_p99, 0.12 + 0.002 * (sec - client_saturated_at_s))
+        figures: dict[str, Any] = {
+            "kernel_stamps": True, "stamp_error_p99_s": 0.00018 + lag_p99 / 40,
+            "events_per_read": 1.02, "multi_event_read_share": 0.004,
+            "loop_lag_p99_s": lag_p99, "cpu_cores": 0.31}
+        figures["saturation_reasons"] = saturation_reasons(figures)
+        emit(t_ns, {"type": "event", "kind": "client", "t_ns": t_ns, "final": False,
+                    **figures})
     end_ns = max(t for t, _ in lines) + 1
     emit(0, {"type": "event", "kind": "replay_start", "t_ns": 0, "users": users,
              "recycle": True})

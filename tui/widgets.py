@@ -24,6 +24,7 @@ from textual.widget import Widget
 from agentload.replay.live import (
     CODE_STATES,
     STATE_CODES,
+    ClientHealth,
     Event,
     LaneView,
     LiveSnapshot,
@@ -171,10 +172,52 @@ class Headline(TextPanel):
                          "red")
         if t.osl_exact_fraction is not None:
             extra.append(f" · exact OSL {f.percent(t.osl_exact_fraction)}")
-        if t.reasons:
-            extra.append(" · " + "; ".join(t.reasons), "red")
+        # The client's own reasons are on the client line below; not twice.
+        client = set(snap.client.reasons) if snap.client is not None else set()
+        reasons = [r for r in t.reasons if r not in client]
+        if len(reasons) < len(t.reasons):
+            reasons.append("client saturated (client line)")
+        if reasons:
+            extra.append(" · " + "; ".join(reasons), "red")
         extra.append("  [d] definitions", "dim")
         self.set_text(Text("\n", no_wrap=True, overflow="crop").join([labels, row, extra]))
+
+
+def client_line(c: ClientHealth | None) -> Text:
+    """The client's self-diagnostics in one line: verdict first, then its figures.
+
+    Live figures are estimates over the run so far (``≈``); the final ones are
+    summary.json's. An invalid verdict carries its reasons (the thresholds are in
+    ``replay/diagnostics.py``).
+    """
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append(" client ", "dim")
+    if c is None:
+        line.append("self-diagnostics: none yet", "dim")
+        return line
+    if c.reasons:
+        line.append(" INVALID ", "bold reverse red")
+    else:
+        line.append(" valid ", "bold reverse green")
+    approx = "" if c.final else "≈"
+    stamp = (f"{approx}{f.fine_seconds(c.stamp_error_p99_s)}" if c.kernel_stamps
+             else "n/a (no kernel stamps)")
+    line.append(f" stamp error p99 {stamp} │ events/read "
+                f"{f.NONE if c.events_per_read is None else f'{c.events_per_read:.2f}'}")
+    if c.multi_event_read_share is not None:
+        line.append(f" ({f.percent(c.multi_event_read_share)} multi)")
+    line.append(f" │ loop lag p99 {approx}{f.fine_seconds(c.loop_lag_p99_s)} │ CPU "
+                f"{f.NONE if c.cpu_cores is None else f'{c.cpu_cores * 100:.0f}%'}")
+    if c.reasons:
+        line.append(" │ " + "; ".join(c.reasons), "red")
+    return line
+
+
+class ClientBar(TextPanel):
+    """One line: is the client keeping up? (``replay/diagnostics.py``'s verdict)."""
+
+    def show(self, snap: LiveSnapshot) -> None:
+        self.set_text(client_line(snap.client))
 
 
 def spark_rows(values: list[float], rows: int, lo: float, hi: float) -> list[str]:
