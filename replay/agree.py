@@ -61,8 +61,12 @@ def agree_trace(requests: int, input_len: int, output_len: int, salt: int = 0) -
 
 
 def _pcts(values: np.ndarray) -> dict[str, float | None]:
-    return {f"p{q}_ms": (float(np.percentile(values, q)) * 1e3 if values.size else None)
-            for q in QUANTILES}
+    out: dict[str, float | None] = {
+        f"p{q}_ms": (float(np.percentile(values, q)) * 1e3 if values.size else None)
+        for q in QUANTILES}
+    # The mean too: it is what the server's histogram sums can be set against.
+    out["mean_ms"] = float(values.mean()) * 1e3 if values.size else None
+    return out
 
 
 def figures(ttft_s: list[float], per_request_gaps_s: list[np.ndarray],
@@ -113,6 +117,16 @@ VLLM_BENCH_IDENTICAL = (
     "                          expected_output_len=spec['output_len'], request_id=f'agree{i}')\n"
     "            for i, ids in enumerate(spec['prompts'])]\n"
     "serve.get_samples = get_samples\n"
+    "run = serve.benchmark\n"
+    "async def benchmark(*a, **k):\n"  # the host's CPU ticks around the benchmark alone
+    "    stat = os.path.exists('/proc/stat') and os.environ.get('AGENTLOAD_AGREE_STAT')\n"
+    "    t0 = open('/proc/stat').readline() if stat else ''\n"
+    "    try:\n"
+    "        return await run(*a, **k)\n"
+    "    finally:\n"
+    "        if stat:\n"
+    "            open(stat, 'w').write(t0 + open('/proc/stat').readline())\n"
+    "serve.benchmark = benchmark\n"
     "p = argparse.ArgumentParser()\n"
     "serve.add_cli_args(p)\n"
     "serve.main(p.parse_args(sys.argv[1:]))\n")
@@ -156,8 +170,9 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     prompts = agree_prompts(requests, input_len, output_len, salt, token_id_range,
                             new_cache_salt())
     spec_path.write_text(json.dumps({"prompts": prompts, "output_len": output_len}))
+    stat_path = workdir / (name + ".stat")
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
-           "AGENTLOAD_AGREE_PROMPTS": str(spec_path)}
+           "AGENTLOAD_AGREE_PROMPTS": str(spec_path), "AGENTLOAD_AGREE_STAT": str(stat_path)}
     log = workdir / (name + ".log")
     with log.open("w") as fh:
         proc = subprocess.run(vllm_bench_argv(url, model, tokenizer, requests, concurrency,
@@ -180,11 +195,21 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     out["ran"] = True
     out["input_lens"] = data.get("input_lens", [])
     out["output_lens"] = data.get("output_lens", [])
+    lines = stat_path.read_text().splitlines() if stat_path.is_file() else []
+    out["host"] = host_share(*(host_ticks(x) for x in lines[:2])) if len(lines) >= 2 else (
+        host_share(None, None))
     return out
 
 
 SERVER_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total",
                    "generation_tokens_total", "request_success_total")
+# The server's own per-request timings (histogram sums and counts): its mean TTFT, queue,
+# prefill and inter-token times say whether a gap between the tools is the server's or
+# the clients'.
+SERVER_HISTOGRAMS = ("time_to_first_token_seconds", "request_queue_time_seconds",
+                     "request_prefill_time_seconds", "inter_token_latency_seconds",
+                     "e2e_request_latency_seconds")
+_WANTED = (*SERVER_COUNTERS, *(h + s for h in SERVER_HISTOGRAMS for s in ("_sum", "_count")))
 
 
 def server_counters(base: str) -> dict[str, float]:
@@ -199,14 +224,58 @@ def server_counters(base: str) -> dict[str, float]:
     for line in text.splitlines():
         name, _, rest = line.partition("{")
         key = name.removeprefix("vllm:")
-        if key in SERVER_COUNTERS and name.startswith("vllm:"):
+        if key in _WANTED and name.startswith("vllm:"):
             with contextlib.suppress(ValueError, IndexError):
                 out[key] = out.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
     return out
 
 
-def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before[k] for k in after if k in before}
+def counters_delta(before: dict[str, float], after: dict[str, float],
+                   less: dict[str, float] | None = None) -> dict[str, float]:
+    """``after - before`` (minus ``less``, a known share such as agentload's probes)."""
+    less = less or {}
+    return {k: after[k] - before[k] - less.get(k, 0.0) for k in after if k in before}
+
+
+def server_means_ms(delta: dict[str, float]) -> dict[str, float | None]:
+    """The server's mean of each histogram over a run (ms), from a counters delta."""
+    out: dict[str, float | None] = {}
+    for h in SERVER_HISTOGRAMS:
+        n = delta.get(h + "_count")
+        out[h.removesuffix("_seconds")] = (delta[h + "_sum"] / n * 1e3
+                                           if n and h + "_sum" in delta else None)
+    return out
+
+
+
+
+def host_ticks(line: str | None = None) -> tuple[int, int, int] | None:
+    """(busy, steal, all) CPU ticks of the whole host since boot (Linux /proc/stat's
+    first line, or ``line`` read from it)."""
+    try:
+        if line is None:
+            with open("/proc/stat") as fh:
+                line = fh.readline()
+        fields = [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 4:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    steal = fields[7] if len(fields) > 7 else 0
+    return sum(fields) - idle - steal, steal, sum(fields)
+
+
+def host_share(before: tuple[int, int, int] | None,
+               after: tuple[int, int, int] | None) -> dict[str, float | None]:
+    """Over a run: the host's busy cores (every tenant) and the share the hypervisor
+    stole, the two things besides the client that move a CPU server's speed."""
+    if before is None or after is None or after[2] <= before[2]:
+        return {"busy_cores": None, "steal_share": None}
+    total = after[2] - before[2]
+    cores = os.cpu_count() or 1
+    return {"busy_cores": (after[0] - before[0]) / total * cores,
+            "steal_share": (after[1] - before[1]) / total}
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -247,8 +316,12 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
                 prefix="agentload-agree-")))
         base = stack.enter_context(_target(url, workdir, say))
+        # agentload's replay makes these same 1-token probes before its window opens:
+        # their share of the server's counters is taken off agentload's runs.
+        before = server_counters(base)
         model, _ = probe_target(base, None, None)
         token_id_range = detect_token_id_range(base, model, None)
+        probes = counters_delta(before, server_counters(base))
         tokenizer = ensure_tiny_model()
         ours: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
@@ -259,15 +332,18 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                       input_len, output_len, salt=runs + 1)
         for i in range(runs):
             say(f"run {i + 1}/{runs}: agentload ...")
-            before = server_counters(base)
+            before, ticks = server_counters(base), host_ticks()
             ours.append(agentload_run(base, workdir / f"agentload{i}", requests, concurrency,
                                       input_len, output_len, salt=i))
-            ours[-1]["server"] = counters_delta(before, server_counters(base))
+            ours[-1]["server"] = counters_delta(before, server_counters(base), probes)
+            ours[-1]["host"] = host_share(ticks, host_ticks())
             say(f"run {i + 1}/{runs}: vllm bench serve ...")
             before = server_counters(base)
             theirs.append(vllm_run(base, workdir, model, tokenizer, requests, concurrency,
                                    input_len, output_len, token_id_range, salt=runs + 2 + i))
             theirs[-1]["server"] = counters_delta(before, server_counters(base))
+            for run in (ours[-1], theirs[-1]):
+                run["server_ms"] = server_means_ms(run["server"])
             if not theirs[-1].get("ran"):
                 raise ReplayError(f"vllm bench serve did not run: {theirs[-1].get('reason')}")
     a, v = median_of(ours), median_of(theirs)
@@ -283,6 +359,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                                                                         strict=True))
                   if x is not None]
             paired[m][k] = statistics.median(rs) if rs else None
+    view = {"agentload": server_view(ours), "vllm_bench": server_view(theirs)}
     worst = max((abs(r - 1) for m in ("ttft", "tpot") for r in ratios[m].values()
                  if r is not None), default=None)
     medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
@@ -290,11 +367,36 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "model": model},
             "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
+            "server_view": view,
             "client_valid_runs": sum(not o["client"].get("saturation_reasons")
                                      for o in ours),
             "agentload_runs": ours, "vllm_bench_runs": theirs,
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
             "medians_within_3pct": medians_within, "worst_deviation": worst}
+
+
+def server_view(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each tool against the server's own clock, run by run: its mean TTFT minus the
+    server's (the client's send and receive path), its mean per-chunk ITL over the
+    server's, the server's mean TTFT (how far the server itself moved between runs),
+    and the host's busy cores and stolen share."""
+    def per_run(r: dict[str, Any]) -> dict[str, float | None]:
+        sm = r.get("server_ms") or {}
+        ttft, itl = r["ttft"].get("mean_ms"), r["itl"].get("mean_ms")
+        st, si = sm.get("time_to_first_token"), sm.get("inter_token_latency")
+        host = r.get("host") or {}
+        return {"ttft_minus_server_ms": ttft - st if ttft is not None and st else None,
+                "itl_over_server": itl / si if itl is not None and si else None,
+                "server_ttft_mean_ms": st, "server_itl_mean_ms": si,
+                "host_busy_cores": host.get("busy_cores"),
+                "host_steal_share": host.get("steal_share")}
+
+    rows = [per_run(r) for r in runs]
+    med: dict[str, float | None] = {}
+    for k in rows[0] if rows else ():
+        vals = [v for x in rows if (v := x[k]) is not None]
+        med[k] = statistics.median(vals) if vals else None
+    return {"runs": rows, "median": med}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -303,6 +405,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _within(ratio: float | None, tolerance: float) -> bool:
     return ratio is not None and abs(ratio - 1) <= tolerance
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f} ms"
+
+
+def _num(x: float | None, digits: int) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def agree_lines(r: dict[str, Any]) -> list[str]:
@@ -326,5 +436,28 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
                  + ("yes" if r["medians_within_3pct"] else "NO")
                  + f"; agentload runs whose client diagnostics were clean: "
                  f"{r['client_valid_runs']}/{c['runs']}")
+    view = r.get("server_view") or {}
+    if view:
+        lines.append("  against the server's own clock (vllm:time_to_first_token and "
+                     "inter_token_latency means), per run:")
+        for tool, name in (("agentload", "agentload"), ("vllm_bench", "vllm bench")):
+            rows = view[tool]["runs"]
+            lines.append(f"    {name:<11}TTFT - server "
+                         + " / ".join(_ms(x["ttft_minus_server_ms"]) for x in rows)
+                         + "; ITL / server "
+                         + " / ".join(_num(x["itl_over_server"], 3) for x in rows)
+                         + "; server TTFT " + " / ".join(_ms(x["server_ttft_mean_ms"])
+                                                          for x in rows)
+                         + "; host busy " + " / ".join(_num(x["host_busy_cores"], 2)
+                                                       for x in rows)
+                         + " cores, steal " + " / ".join(
+                             "n/a" if x["host_steal_share"] is None
+                             else f"{x['host_steal_share']:.1%}" for x in rows))
+        srv = [x["server_ttft_mean_ms"] for t in ("agentload", "vllm_bench")
+               for x in view[t]["runs"] if x["server_ttft_mean_ms"]]
+        if srv:
+            lines.append(f"  the server's own mean TTFT moved {min(srv):.1f}-{max(srv):.1f} "
+                         f"ms between runs ({max(srv) / min(srv) - 1:.0%}): the part of any "
+                         "TTFT gap that no client can remove")
     lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:160]}")
     return lines

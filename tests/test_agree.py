@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from agentload.replay.agree import agree_lines, agree_trace, agreement, figures, median_of
+from agentload.replay.agree import (
+    agree_lines,
+    agree_trace,
+    agreement,
+    counters_delta,
+    figures,
+    host_share,
+    host_ticks,
+    median_of,
+    server_means_ms,
+    server_view,
+)
 
 
 def test_figures_use_the_same_definitions_for_every_tool() -> None:
@@ -17,6 +30,8 @@ def test_figures_use_the_same_definitions_for_every_tool() -> None:
     # Per-chunk gaps pooled: 10, 10, 20, 20, 20, 40 ms.
     assert f["itl"]["p50_ms"] == pytest.approx(20.0)
     assert f["itl"]["p90_ms"] == pytest.approx(30.0)
+    assert f["itl"]["mean_ms"] == pytest.approx(20.0)
+    assert f["ttft"]["mean_ms"] == pytest.approx(200.0)
     runs = [f, figures([0.5], [np.array([0.03])], [2]), figures([0.2], [np.array([0.01])], [2])]
     assert median_of(runs)["ttft"]["p50_ms"] == pytest.approx(200.0)
 
@@ -42,4 +57,50 @@ def test_agree_against_the_embedded_server(embedded_server: str) -> None:
     assert r["agentload"]["itl"]["p90_ms"] >= 0 and r["vllm_bench"]["itl"]["p90_ms"] >= 0
     # Same server, same requests: the two tools' TPOT medians are of one magnitude.
     assert 0.5 < r["ratio"]["tpot"]["p50_ms"] < 2.0
-    assert any("TTFT P50" in line for line in agree_lines(r))
+    lines = agree_lines(r)
+    assert any("TTFT P50" in line for line in lines)
+    # Identical requests: the server counted the same prompt tokens and no prefix hits.
+    for run in (r["agentload_runs"][0], r["vllm_bench_runs"][0]):
+        assert run["server"]["prompt_tokens_total"] == 8 * 32
+        assert run["server"]["prefix_cache_hits_total"] == 0
+        assert run["server"]["request_success_total"] == 8
+        assert run["server_ms"]["time_to_first_token"] > 0
+    assert any("server's own clock" in line for line in lines)
+
+
+def test_server_counters_minus_the_probes_and_the_servers_means() -> None:
+    before = {"prompt_tokens_total": 100.0, "time_to_first_token_seconds_sum": 1.0,
+              "time_to_first_token_seconds_count": 10.0}
+    after = {"prompt_tokens_total": 4202.0, "time_to_first_token_seconds_sum": 8.06,
+             "time_to_first_token_seconds_count": 48.0, "new_only": 3.0}
+    probes = {"prompt_tokens_total": 6.0, "time_to_first_token_seconds_sum": 0.06,
+              "time_to_first_token_seconds_count": 6.0}
+    d = counters_delta(before, after, probes)
+    assert d == {"prompt_tokens_total": 4096.0,
+                 "time_to_first_token_seconds_sum": pytest.approx(7.0),
+                 "time_to_first_token_seconds_count": 32.0}
+    means = server_means_ms(d)
+    assert means["time_to_first_token"] == pytest.approx(7.0 / 32 * 1e3)
+    assert means["inter_token_latency"] is None
+
+
+def test_host_share_and_the_server_view() -> None:
+    cores = os.cpu_count() or 1
+    # 1000 ticks in all: 600 busy, 50 stolen.
+    share = host_share(host_ticks("cpu  100 0 100 700 0 0 0 0 0 0"),
+                       host_ticks("cpu  500 0 300 1050 0 0 0 50 0 0"))
+    assert share["steal_share"] == pytest.approx(0.05)
+    assert share["busy_cores"] == pytest.approx(0.6 * cores)
+    assert host_share(None, None)["busy_cores"] is None
+    assert host_ticks("cpu 1 2") is None
+    runs = [{"ttft": {"mean_ms": 230.0}, "itl": {"mean_ms": 8.8},
+             "server_ms": {"time_to_first_token": 224.0, "inter_token_latency": 8.0},
+             "host": share},
+            {"ttft": {"mean_ms": 250.0}, "itl": {"mean_ms": 9.0},
+             "server_ms": {"time_to_first_token": 240.0, "inter_token_latency": 9.0},
+             "host": share}]
+    view = server_view(runs)
+    assert [r["ttft_minus_server_ms"] for r in view["runs"]] == [6.0, 10.0]
+    assert view["median"]["ttft_minus_server_ms"] == 8.0
+    assert view["median"]["itl_over_server"] == pytest.approx((1.1 + 1.0) / 2)
+    assert view["median"]["server_ttft_mean_ms"] == 232.0
