@@ -11,6 +11,7 @@ torch's event list in a separate run (``capture_layer_stack.py --count``).
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -38,8 +39,7 @@ def test_captured_trace_counts_match_the_launches(batch: int) -> None:
 
 
 def test_captured_trace_is_from_an_h200() -> None:
-    import gzip
-
-    trace = json.loads(gzip.open(DATA / "moe4_capture_b1.json.gz").read())
+    with gzip.open(DATA / "moe4_capture_b1.json.gz") as fh:
+        trace = json.loads(fh.read())
     assert [d["name"] for d in trace["deviceProperties"]] == ["NVIDIA H200"]
     assert (DATA / "moe4_capture_b8.json.gz").stat().st_size < 1_000_000
