@@ -151,17 +151,33 @@ async def stream_completion(
     return result
 
 
+# Parsed URLs by string: httpx parses a str URL on every request (about 50 us here).
+_URLS: dict[str, httpx.URL] = {}
+
+
+def _parsed(url: str) -> httpx.URL:
+    got = _URLS.get(url)
+    if got is None:
+        if len(_URLS) > 1024:
+            _URLS.clear()
+        got = _URLS[url] = httpx.URL(url)
+    return got
+
+
 async def _follow(client: httpx.AsyncClient, url: str, payload: bytes, hdrs: dict[str, str],
                   result: StreamResult) -> None:
-    async with client.stream("POST", url, content=payload, headers=hdrs) as resp:
+    async with client.stream("POST", _parsed(url), content=payload, headers=hdrs) as resp:
         result.status = resp.status_code
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
             result.fail("http_5xx" if resp.status_code >= 500 else "http_4xx",
                         f"HTTP {resp.status_code}: {_short(text)}")
             return
-        buffer = b""
         stamps = stamps_of(resp)
+        if stamps is not None and stamps.body is not None:
+            await _follow_reads(stamps.body, result)
+            return
+        buffer = b""
         async for raw in resp.aiter_raw():
             base = len(buffer)
             buffer += raw
@@ -180,6 +196,112 @@ async def _follow(client: httpx.AsyncClient, url: str, payload: bytes, hdrs: dic
             _handle_event(buffer, time.perf_counter_ns(), result)
             if result.chunk_user_ns is not None and result.chunks > before:
                 result.chunk_user_ns.append(result.chunk_ns[-1])
+
+
+async def _follow_reads(body: Any, result: StreamResult) -> None:
+    """Follow a ``StampedTransport`` body read by read: stamp now, parse later.
+
+    The usual read after the first token is exactly one event (``data: {...}`` and its
+    blank line) with the read's own stamps: it is only checked for shape (and for an
+    ``"error"`` key) and kept, raw, with its stamp; the kept events are JSON-decoded
+    together (one ``orjson.loads`` of a list) at the stream's end, or before anything
+    else is applied, so order is kept. The first token, error events and any read
+    that is not exactly one event (several queued, or one split across reads) take the
+    general path at once. Per event that leaves a few byte tests and three appends on
+    the hot path.
+    """
+    pending: list[bytes] = []   # JSON of kept token events, in order
+    stamp_of: list[int] = []    # their recorded stamp (kernel's, else Python's)
+    user_of: list[int] = []     # their Python stamp
+    kernel_seen = False
+    buffer = b""
+    keep = pending.append
+    keep_stamp = stamp_of.append
+    keep_user = user_of.append
+    try:
+        while True:
+            items = await body.next_reads()
+            if items is None:
+                break
+            for data, user, kernel in items:
+                if kernel is not None:
+                    stamp = kernel
+                    kernel_seen = True
+                else:
+                    stamp = user
+                if (not buffer and result.first_token_ns is not None
+                        and data.startswith(b"data: {") and data.endswith(b"\n\n")
+                        and b'"error"' not in data):
+                    if data.find(b"\n", 7) == len(data) - 2:
+                        keep(data[6:-2])  # the usual read: one event
+                        keep_stamp(stamp)
+                        keep_user(user)
+                        continue
+                    # Several whole events queued in one read (the client was behind):
+                    # they share the read's stamps, and the read counts them together.
+                    events = data[:-2].split(b"\n\n")
+                    if all(e.startswith(b"data: {") and b"\n" not in e for e in events):
+                        for e in events:
+                            keep(e[6:])
+                            keep_stamp(stamp)
+                            keep_user(user)
+                        continue
+                if pending:
+                    _apply_pending(pending, stamp_of, user_of, kernel_seen, result)
+                    if result.error is not None:
+                        return
+                base = len(buffer)
+                buffer += data
+                if b"\n\n" not in buffer:
+                    continue
+                _handle_events(buffer, base, [(len(data), user, kernel)], result)
+                if result.error is not None:
+                    return
+                buffer = buffer[buffer.rfind(b"\n\n") + 2:]
+    finally:
+        # Also when the request is cut or times out: what came is counted.
+        if pending:
+            _apply_pending(pending, stamp_of, user_of, kernel_seen, result)
+    if buffer.strip() and result.error is None:
+        before = result.chunks
+        _handle_event(buffer, time.perf_counter_ns(), result)
+        if result.chunk_user_ns is not None and result.chunks > before:
+            result.chunk_user_ns.append(result.chunk_ns[-1])
+
+
+def _apply_pending(pending: list[bytes], stamp_of: list[int], user_of: list[int],
+                   kernel_seen: bool, result: StreamResult) -> None:
+    """Apply the kept events in order (those of one read share its stamps and count as
+    one read with several events); empties the lists."""
+    try:
+        objs = orjson.loads(b"[" + b",".join(pending) + b"]")
+    except orjson.JSONDecodeError:
+        objs = None  # one is malformed: apply one by one, so the error names it
+    if kernel_seen and result.chunk_user_ns is None:
+        result.chunk_user_ns = []
+    user_list = result.chunk_user_ns
+    # Events of one read share its Python stamp (each read callback takes its own).
+    read_user, got = None, 0
+    for i, stamp in enumerate(stamp_of):
+        user = user_of[i]
+        if user != read_user:
+            _close_read(result, got)
+            read_user, got = user, 0
+        before = result.chunks
+        if objs is None:
+            _handle_data(pending[i], stamp, result)
+        else:
+            _apply(objs[i], stamp, result)
+        if result.chunks > before:
+            got += 1
+            if user_list is not None:
+                user_list.append(user)
+        if result.error is not None:
+            break
+    _close_read(result, got)
+    pending.clear()
+    stamp_of.clear()
+    user_of.clear()
 
 
 def _handle_events(buffer: bytes, base: int, batch: list[tuple[int, int, int | None]],
@@ -274,6 +396,14 @@ def _handle_data(data: bytes, now: int, result: StreamResult) -> None:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         result.fail("malformed", f"malformed SSE data: {_short(data.decode(errors='replace'))}")
+        return
+    _apply(obj, now, result)
+
+
+def _apply(obj: Any, now: int, result: StreamResult) -> None:
+    """Apply one decoded SSE data object (stamped ``now``) to ``result``."""
+    if not isinstance(obj, dict):
+        result.fail("malformed", f"malformed SSE data: {_short(str(obj))}")
         return
     if "error" in obj:
         err = obj["error"]

@@ -59,9 +59,11 @@ RCVBUF = 8 << 20
 # woken body hands over every queued read as one ``aiter_raw`` item, with each read's
 # stamps and end offset in ``ReadStamps.batch``, so the generator layers run once per
 # wake-up, not once per read. The thresholds count per stream, and streams start at
-# different times, so wake-ups spread over the engine steps instead of bunching.
-LAZY_READS = 16
-LAZY_NS = 100_000_000
+# different times, so wake-ups spread over the engine steps instead of bunching. 64
+# reads (about 20 KiB queued per stream) or a second: a wake-up costs as much as
+# several events, and at a 50 ms ITL a 16-read/100 ms bound woke every second read.
+LAZY_READS = 64
+LAZY_NS = 1_000_000_000
 IDLE_EXPIRY_NS = 4_000_000_000
 
 
@@ -109,6 +111,9 @@ class ReadStamps:
     kernel_ns: int | None = None
     reads: int = 0
     batch: list[tuple[int, int, int | None]] | None = None
+    # The response body (a ``_Body``), for readers that take its reads one by one
+    # (``_Body.next_reads``) instead of through httpx's ``aiter_raw`` layers.
+    body: Any = None
 
 
 class _Conn:
@@ -304,6 +309,59 @@ class _Body(httpx.AsyncByteStream):
         conn.lazy = False
         self._release()
 
+    async def next_reads(self) -> list[tuple[bytes, int, int | None]] | None:
+        """Every read queued now, decoded: ``(payload, user_ns, kernel_ns)`` per read
+        that carried body bytes (possibly none); ``None`` once the body has ended.
+
+        The lean way through a body for the SSE client: one call per wake-up, no
+        generator layers, each read's payload kept apart with its own stamps (so an
+        event that is one read keeps that read's stamp without offset bookkeeping).
+        Use either this or ``aiter_raw``, not both.
+        """
+        stamps = self.stamps
+        if self.first:
+            out = (self._decode_chunked if self.chunked else self._decode_plain)(self.first)
+            self.first = b""
+            if self.done:
+                self._finish()
+            return [(out, stamps.user_ns, stamps.kernel_ns)] if out else []
+        if self.done:
+            return None
+        conn = self.conn
+        data, user, kernel = await conn.read(self.read_timeout)
+        # After the first body read wake-ups of a chunked stream are batched (see
+        # LAZY_READS); the stamps are the read callback's either way.
+        conn.lazy = self.chunked
+        if not data:
+            if self.chunked or self.left is not None:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body")
+            self.done = True
+            self.keep_alive = False
+            self._finish()
+            return None
+        decode = self._decode_chunked if self.chunked else self._decode_plain
+        queue = conn.queue
+        items: list[tuple[bytes, int, int | None]] = []
+        reads = 0
+        while True:
+            reads += 1
+            out = decode(data)
+            if out:
+                items.append((out, user, kernel))
+            if self.done or not queue:
+                break
+            data, user, kernel = queue.popleft()
+        stamps.user_ns, stamps.kernel_ns = user, kernel
+        stamps.reads += reads
+        if self.done:
+            self._finish()
+        return items
+
+    def _finish(self) -> None:
+        self.conn.lazy = False
+        self._release()
+
     def _decode_plain(self, data: bytes) -> bytes:
         if self.left is None:
             return data
@@ -408,7 +466,9 @@ class StampedTransport(httpx.AsyncBaseTransport):
         self._all: set[_Conn] = set()
         self._resolved: dict[tuple[str, int], Any] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self._sweep_s = 0.025
+        # Every sweep visits every connection, so not more often than a timeout's
+        # precision needs: a quarter second, or a fifth of a shorter read timeout.
+        self._sweep_s = 0.25
 
     async def _sweep(self) -> None:
         """Fail reads that waited past their deadline (the read timeout), a few times a second."""
@@ -575,6 +635,7 @@ class StampedTransport(httpx.AsyncBaseTransport):
             keep_alive = False  # the body runs to the end of the connection
         rest = buf[end + 4:]
         stream = _Body(self, conn, rest, chunked, length, keep_alive, stamps, read_t)
+        stamps.body = stream
         if length == 0 and not chunked:
             stream.done = True
             stream._release()

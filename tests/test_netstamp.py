@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 
+from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.netstamp import StampedTransport, kernel_stamps_work, stamps_of
 
 
@@ -144,3 +146,78 @@ def test_queued_reads_come_as_one_item_and_keep_their_own_stamps() -> None:
         assert res.reads == 6 and res.multi_event_reads == 0
 
     asyncio.run(main())
+
+
+def _scripted(writes: list[bytes], end: bool = True) -> object:
+    """A server answering each request with ``writes`` (chunked), 5 ms apart; ``end=False``
+    closes the connection mid-body instead of ending it."""
+    def chunk(payload: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for w in writes:
+            await asyncio.sleep(0.005)
+            writer.write(chunk(w))
+            await writer.drain()
+        if end:
+            writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+        else:
+            await asyncio.sleep(0.005)
+        writer.close()
+
+    return handler
+
+
+def _play(writes: list[bytes], end: bool = True, **kw: bool) -> StreamResult:
+    async def main() -> StreamResult:
+        server, port = await _server(_scripted(writes, end))
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        async with server, httpx.AsyncClient(transport=StampedTransport()) as client:
+            return await stream_completion(client, url, b"{}", **kw)
+
+    return asyncio.run(main())
+
+
+def _ev(i: int, extra: bytes = b"") -> bytes:
+    return b'data: {"choices":[{"index":0,"text":"t%d"%s}],"t_emit_ns":%d}\n\n' % (
+        i, extra, 1000 + i)
+
+
+def test_events_kept_raw_and_parsed_later_keep_order_stamps_and_read_counts() -> None:
+    """After the first token, one-event reads are kept raw and parsed at the end; a read
+    of two events counts as one read of two, sharing its stamp; the usage applies."""
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":7}}\n\n'
+    writes = [_ev(0), _ev(1, b',"token_ids":[5,6]'), _ev(2), _ev(3), _ev(4) + _ev(5),
+              _ev(6) + usage]
+    res = _play(writes, collect_emit_ns=True, collect_token_ids=True)
+    assert res.ok and res.error is None
+    assert res.chunks == 7 and res.client_tokens == 8
+    assert res.output_ids == [5, 6]
+    assert res.chunk_emit_ns == [1000 + i for i in range(7)]
+    assert (res.prompt_tokens, res.completion_tokens) == (7, 7)
+    ns = res.chunk_ns
+    assert ns == sorted(ns) and ns[5] == ns[4]  # the two-event read shares one stamp
+    assert all(b - a > 1_000_000 for a, b in itertools.pairwise(ns[:5]))
+    assert res.reads == 6 and res.multi_event_reads == 1
+    assert res.max_events_per_read == 2
+
+
+def test_an_error_event_after_kept_events_counts_them_and_fails() -> None:
+    writes = [_ev(0), _ev(1), _ev(2), b'data: {"error":{"message":"engine died"}}\n\n']
+    res = _play(writes)
+    assert not res.ok and res.error_kind == "server_error"
+    assert "engine died" in (res.error or "") and res.chunks == 3
+
+
+def test_a_cut_stream_still_counts_the_kept_events() -> None:
+    res = _play([_ev(0), _ev(1), _ev(2), _ev(3)], end=False)
+    assert res.error_kind == "cut" and res.chunks == 4
+
+
+def test_a_malformed_kept_event_is_named() -> None:
+    res = _play([_ev(0), _ev(1), b"data: {not json}\n\n", _ev(3)])
+    assert res.error_kind == "malformed" and "not json" in (res.error or "")
+    assert res.chunks == 2
