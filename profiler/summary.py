@@ -328,6 +328,35 @@ def _heads(cols: Cols, names: list[str], rows: npt.NDArray[np.int64]) -> pl.Data
     return pl.DataFrame({k: pl.Series(k, cols[k][rows]) for k in names})
 
 
+def _by_index(ranges: pl.DataFrame, column: str, rows: pl.Series) -> pl.Series:
+    """``ranges[column]`` at range indices ``rows`` (null where null or < 0): a gather,
+    since range indices are row numbers, not a join."""
+    ok = rows.is_not_null() & (rows >= 0)
+    got = ranges[column].gather(rows.fill_null(0).clip(0, max(ranges.height - 1, 0))) \
+        if ranges.height else pl.repeat(None, len(rows), dtype=ranges[column].dtype, eager=True)
+    if bool(ok.all()):
+        return got
+    return pl.select(pl.when(ok).then(got)).to_series()
+
+
+def _step_names(frame: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
+    """Each group's step label (the ``step_range``'s label; graph replays marked)."""
+    step = _by_index(ranges, "label", frame["step_range"]).fill_null(UNATTRIBUTED)
+    if not bool(frame["graph_step"].any()):
+        return step.alias("step")
+    raw = _by_index(ranges, "label", frame["step_range"])
+    return frame.select(pl.when(pl.col("graph_step")).then(
+        pl.coalesce(raw, pl.lit("")) + pl.lit(" [graph replay]")).otherwise(step)
+        .alias("step")).to_series()
+
+
+def _with_types(out: pl.DataFrame) -> pl.DataFrame:
+    """``type`` from ``name``, computed once per distinct name."""
+    names = out.select(pl.col("name").unique())
+    types = names.with_columns(type=layer_type(pl.col("name")))
+    return out.join(types, on="name", how="left")
+
+
 def _instances(cols: Cols, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "inst", "replay"]
     g, agg = _grouped(cols, keys)
@@ -338,8 +367,6 @@ def _instances(cols: Cols, ranges: pl.DataFrame) -> pl.DataFrame:
     head = _heads(cols, carry, agg.pop("first"))
     out = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()}).with_row_index("g")
     out = out.with_columns(pl.col("g").cast(pl.Int64))
-    labels = ranges.select(pl.col("idx").alias("inst"), name="label", layer="layer")
-    out = out.join(labels, on="inst", how="left")
     if "block" in out.columns:
         out = out.with_columns(
             name=pl.when(pl.col("block") < 0).then(pl.lit("inferred.prelude"))
@@ -349,16 +376,13 @@ def _instances(cols: Cols, ranges: pl.DataFrame) -> pl.DataFrame:
             .otherwise(pl.format("inferred.layers.{}", pl.col("block"))),
             layer=pl.when((pl.col("block") >= 0) & (pl.col("block") < pl.col("reps")))
             .then(pl.col("block"))).drop("block", "reps")
-    steps = ranges.select(pl.col("idx").alias("step_range"), step="label")
-    out = out.join(steps, on="step_range", how="left").with_columns(
-        name=pl.col("name").fill_null(UNATTRIBUTED),
-        step=pl.when(pl.col("graph_step"))
-        .then(pl.coalesce(pl.col("step"), pl.lit("")) + pl.lit(" [graph replay]"))
-        .otherwise(pl.col("step").fill_null(UNATTRIBUTED)),
-        pid=pid_of(pl.col("proc")))
-    out = out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns"),
-                           type=layer_type(pl.col("name"))).sort("proc", "start")
-    return out
+    else:
+        out = out.with_columns(name=_by_index(ranges, "label", out["inst"]),
+                               layer=_by_index(ranges, "layer", out["inst"]))
+    out = out.with_columns(name=pl.col("name").fill_null(UNATTRIBUTED),
+                           step=_step_names(out, ranges), pid=pid_of(pl.col("proc")))
+    out = _with_types(out.with_columns(gap_ns=pl.col("span_ns") - pl.col("busy_ns")))
+    return out.sort("proc", "start")
 
 
 def _agg(by: list[str]) -> list[pl.Expr]:
@@ -389,13 +413,9 @@ def _steps(cols: Cols, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.Data
     counts = instances.group_by(keys).agg(
         layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
         instances=pl.len().cast(pl.Int64))
-    names = ranges.select(pl.col("idx").alias("step_range"), step="label")
-    per = per.join(counts, on=keys, how="left").join(names, on="step_range", how="left")
+    per = per.join(counts, on=keys, how="left")
     per = per.with_columns(
-        pid=pid_of(pl.col("proc")),
-        step=pl.when(pl.col("graph_step"))
-        .then(pl.coalesce(pl.col("step"), pl.lit("")) + pl.lit(" [graph replay]"))
-        .otherwise(pl.col("step").fill_null(UNATTRIBUTED)),
+        pid=pid_of(pl.col("proc")), step=_step_names(per, ranges),
         layers=pl.col("layers").fill_null(0), instances=pl.col("instances").fill_null(0))
     return per.sort("pid", "start").with_columns(
         index=pl.int_range(pl.len()).over("pid")).select(
