@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -288,6 +289,40 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def worker_cpus(server_log: Path) -> set[int]:
+    """The cores vLLM's CPU backend bound its model worker to (its log's ``core ids``)."""
+    try:
+        text = server_log.read_text(errors="replace")
+    except OSError:
+        return set()
+    found = re.findall(r"core ids=\[([\d, ]*)\]", text)
+    return {int(x) for x in found[-1].split(",") if x.strip()} if found else set()
+
+
+@contextlib.contextmanager
+def clients_off(cpus: set[int], say: Callable[[str], None]) -> Iterator[set[int] | None]:
+    """Keep this process and the tools it starts (they inherit it) off ``cpus``.
+
+    The embedded server's worker spins on its bound cores; a client the kernel puts
+    there takes its time slices from the model step itself, a random slowdown of the
+    server that lands on whichever tool is running. Both tools get the same cores.
+    """
+    if not hasattr(os, "sched_setaffinity") or not cpus:
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    left = before - cpus
+    if not left:
+        yield None
+        return
+    os.sched_setaffinity(0, left)
+    say(f"clients pinned to CPU {sorted(left)} (the server's worker runs on {sorted(cpus)})")
+    try:
+        yield left
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 @contextlib.contextmanager
 def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Iterator[str]:
     if url is not None:
@@ -303,8 +338,12 @@ def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Itera
 def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               input_len: int = 128, output_len: int = 64, runs: int = 3,
               say: Callable[[str], None] = lambda _: None,
-              workdir: Path | None = None) -> dict[str, Any]:
-    """Run every tool ``runs`` times against one server; medians and ratios."""
+              workdir: Path | None = None, pin_clients: bool = True) -> dict[str, Any]:
+    """Run every tool ``runs`` times against one server; medians and ratios.
+
+    On the embedded server both tools run on the cores its model worker is not bound
+    to (``pin_clients``; see ``clients_off``).
+    """
     from agentload.replay.run import detect_token_id_range, probe_target
     from agentload.replay.tiny_model import ensure_tiny_model
 
@@ -316,6 +355,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
                 prefix="agentload-agree-")))
         base = stack.enter_context(_target(url, workdir, say))
+        pinned = (stack.enter_context(clients_off(worker_cpus(workdir / "server.log"), say))
+                  if url is None and pin_clients else None)
         # agentload's replay makes these same 1-token probes before its window opens:
         # their share of the server's counters is taken off agentload's runs.
         before = server_counters(base)
@@ -365,7 +406,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
-                       "model": model},
+                       "model": model,
+                       "client_cpus": sorted(pinned) if pinned is not None else None},
             "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
             "server_view": view,
             "client_valid_runs": sum(not o["client"].get("saturation_reasons")
@@ -420,6 +462,9 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
     lines = [f"agreement on {c['model']}: {c['requests']} requests, ISL {c['input_len']}, OSL "
              f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs",
              f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
+    if c.get("client_cpus"):
+        lines.insert(1, f"  both clients on CPU {c['client_cpus']}, off the server "
+                        "worker's cores")
     for m in METRICS:
         for q in QUANTILES:
             k = f"p{q}_ms"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from agentload.replay.agree import (
     agree_lines,
     agree_trace,
     agreement,
+    clients_off,
     counters_delta,
     figures,
     host_share,
@@ -18,6 +20,7 @@ from agentload.replay.agree import (
     median_of,
     server_means_ms,
     server_view,
+    worker_cpus,
 )
 
 
@@ -104,3 +107,23 @@ def test_host_share_and_the_server_view() -> None:
     assert view["median"]["ttft_minus_server_ms"] == 8.0
     assert view["median"]["itl_over_server"] == pytest.approx((1.1 + 1.0) / 2)
     assert view["median"]["server_ttft_mean_ms"] == 232.0
+
+
+def test_worker_cpus_and_pinning_the_clients_off_them(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \tlocal_rank=0, "
+                   "core ids=[0, 2]\n(EngineCore pid=1) INFO reserved_cpus=[1]\n")
+    assert worker_cpus(log) == {0, 2}
+    assert worker_cpus(tmp_path / "missing.log") == set()
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    busy = {max(before)}
+    with clients_off(busy, lambda _: None) as left:
+        if len(before) == 1:
+            assert left is None and os.sched_getaffinity(0) == before
+        else:
+            assert left == before - busy and os.sched_getaffinity(0) == before - busy
+    assert os.sched_getaffinity(0) == before
+    with clients_off(set(), lambda _: None) as left:
+        assert left is None
