@@ -43,10 +43,14 @@ def test_schedule_is_one_event_per_stream_per_step(emu: str) -> None:
     # Steps every 10 ms: the median gap is the step, and no gap strays far from it.
     assert abs(float(np.median(gaps)) - 10.0) < 1.5
     assert float(np.percentile(gaps, 90)) < 25.0
-    # All streams started together, so their k-th events share one engine step.
+    # All streams started together: they join at most one step apart (arrivals on either
+    # side of a step boundary), and from then on every stream's k-th event comes the
+    # same number of steps after its first, at the one step all streams are written in.
     kth = np.stack([e[:30] for e in emits])
-    spread_ms = (kth.max(axis=0) - kth.min(axis=0)) / 1e6
-    assert float(np.median(spread_ms)) < 10.0
+    assert float(kth[:, 0].max() - kth[:, 0].min()) / 1e6 < 15.0
+    rel = kth - kth[:, :1]
+    spread_ms = (rel.max(axis=0) - rel.min(axis=0)) / 1e6
+    assert float(np.median(spread_ms)) < 5.0
     stats = emulator_stats(emu)
     assert stats["events"] == 600 and stats["tokens"] == 600 and stats["requests"] == 20
     assert stats["name"] == EMULATOR_NAME and "test equipment" in stats["name"]
