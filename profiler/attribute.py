@@ -38,7 +38,7 @@ import numpy.typing as npt
 import polars as pl
 
 from agentload.profiler.errors import ProfileError
-from agentload.profiler.model import OP_KINDS, Profile
+from agentload.profiler.model import OP_KINDS, Profile, as_int
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
@@ -74,35 +74,6 @@ def _bits(n: int) -> int:
     return max(1, int(n).bit_length())
 
 
-def last_at_or_before(hay: I64, needles: I64) -> I64:
-    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, any ``needles``.
-
-    With millions of needles a binary search each is slow (and very slow when they are
-    not in order: every probe misses the cache). Sorting the needles (already in order,
-    or nearly, as launches are: timsort makes that one pass) turns it into a merge: the
-    few haystack values are searched in the needles, and a running count of them gives
-    each needle's answer. O(N + M log N), sequential memory access.
-    """
-    n = len(needles)
-    if not n:
-        return np.zeros(0, np.int64)
-    ordered = bool((needles[1:] >= needles[:-1]).all())
-    order = None if ordered else np.argsort(needles, kind="stable")
-    sn = needles if order is None else needles[order]
-    # hay[i] <= sn[j]  <=>  j >= (number of needles < hay[i])
-    pos = np.searchsorted(sn, hay, "left")
-    del sn
-    counts = np.bincount(pos, minlength=n + 1)[:n]
-    del pos
-    np.cumsum(counts, out=counts)
-    counts -= 1
-    if order is None:
-        return counts
-    out = np.empty(n, np.int64)
-    out[order] = counts
-    return out
-
-
 def _parents(s_thr: I64, depth: I64) -> I64:
     """Per range (in sorted order) the sorted index of its parent, or -1.
 
@@ -123,19 +94,100 @@ def _parents(s_thr: I64, depth: I64) -> I64:
     return parent
 
 
-def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64) -> SweepResult:
-    """Innermost range containing each point interval ``[p_t0, p_t1]`` on its thread.
+CHUNK = 1 << 16
+"""Points per chunk in the per-op phases: the temporaries (a few 512 kB arrays) stay in
+cache and are recycled by the allocator, instead of a fresh 80 MB array per step at
+10 M ops (first-touch page faults cost as much as the arithmetic)."""
 
-    Thread codes are dense ints >= 0 (a point with a code no range has, or -1, gets -1);
-    times are >= 0 and ranges have ``end > start``. Indices refer to the input range order.
+
+def _last_le(hay: I64, needles: I64) -> I64:
+    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, one chunk.
+
+    A binary search per needle is slow (very slow when the needles are out of order:
+    every probe misses the cache). With the needles sorted (they come in order, or are
+    sorted here: a chunk is small) and the haystack values between the first and last
+    needle no more than a few times as many as the needles, the lookup is a merge: those
+    haystack values are searched in the needles, and a running count of them gives
+    each needle's answer.
     """
+    n = len(needles)
+    if not n:
+        return np.zeros(0, np.int64)
+    ordered = n < 2 or bool((needles[1:] >= needles[:-1]).all())
+    order = None if ordered else np.argsort(needles)
+    c = needles if order is None else needles[order]
+    lo = int(np.searchsorted(hay, c[0], "left"))
+    hi = int(np.searchsorted(hay, c[-1], "right"))
+    if hi - lo > 4 * n:
+        out = np.searchsorted(hay, c, "right") - 1
+    else:
+        # hay[i] <= c[j]  <=>  j >= (number of needles < hay[i]); all hay[lo:hi] <= c[-1]
+        out = np.cumsum(np.bincount(np.searchsorted(c, hay[lo:hi], "left"), minlength=n))
+        out += lo - 1
+    if order is None:
+        return out
+    res = np.empty(n, np.int64)
+    res[order] = out
+    return res
+
+
+def last_at_or_before(hay: I64, needles: I64) -> I64:
+    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, any ``needles``."""
+    out = np.empty(len(needles), np.int64)
+    for a in range(0, len(needles), CHUNK):
+        out[a:a + CHUNK] = _last_le(hay, needles[a:a + CHUNK])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RangeIndex:
+    """One thread-set's ranges, sorted by (thread, start), ready for point lookups."""
+
+    order: I64
+    skey: I64
+    s_start: I64
+    s_end: I64
+    parent_s: I64
+    thr_first_s: I64
+    n_thr: int
+    time_bits: int
+    max_depth: int
+    identity: bool
+
+    def owners(self, p_thr: I64, p_t0: I64, p_t1: I64) -> I64:
+        """Innermost range (input index, -1: none) holding each point; one chunk."""
+        n_thr, s_end = self.n_thr, self.s_end
+        pthr = np.where((p_thr >= 0) & (p_thr < n_thr), p_thr, n_thr)
+        # The last range started on the thread at or before the call: when ranges nest,
+        # the innermost range holding the call is it or one of its ancestors (a range
+        # open at t0 started before it and is still open, so it encloses it).
+        cand = _last_le(self.skey, (pthr << self.time_bits) | p_t0)
+        # Same thread (it started a range at or before the call); the candidate's start
+        # is then <= t0 by construction: only its end needs checking.
+        own = cand >= self.thr_first_s[pthr]
+        cand[~own] = -1
+        todo = np.flatnonzero(own & (s_end[np.maximum(cand, 0)] < p_t1))
+        # Walk up only the failing ones (a call after a child range closed).
+        for _ in range(self.max_depth + 1):
+            if not len(todo):
+                break
+            up = self.parent_s[cand[todo]]
+            cand[todo] = up
+            todo = todo[up >= 0]
+            cu = cand[todo]
+            todo = todo[(s_end[cu] < p_t1[todo]) | (self.s_start[cu] > p_t0[todo])]
+        if self.identity:
+            return cand
+        return np.where(cand >= 0, self.order[np.maximum(cand, 0)], -1)
+
+
+def index_ranges(r_thr: I64, r_start: I64, r_end: I64, top_time: int
+                 ) -> tuple[RangeIndex, SweepResult]:
+    """Sort and index ranges (dense thread codes >= 0, times >= 0, ``end > start``);
+    also each range's parent and depth. ``top_time``: the latest point time."""
     m = len(r_start)
-    n = len(p_t0)
-    if m == 0:
-        return SweepResult(np.full(n, -1, np.int64), np.zeros(0, np.int64),
-                           np.zeros(0, np.int64), 0)
     n_thr = int(r_thr.max()) + 1
-    top_time = int(max(r_end.max(), p_t1.max() if n else 0))
+    top_time = int(max(r_end.max(), top_time))
     thr_bits = _bits(n_thr + 1)  # code n_thr: "a thread without ranges"
     time_bits = 63 - thr_bits
     if top_time >= 1 << time_bits:
@@ -144,20 +196,22 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     # Exports list ranges in start order per thread: when the (thread, start) keys
     # already strictly increase, that is the order and the sort is skipped.
     key0 = (r_thr << time_bits) | r_start
-    if m < 2 or bool((key0[1:] > key0[:-1]).all()):
-        order = np.arange(m, dtype=np.int64)
+    identity = m < 2 or bool((key0[1:] > key0[:-1]).all())
+    order = np.arange(m, dtype=np.int64) if identity else np.lexsort(
+        (np.arange(m), -r_end, r_start, r_thr))
+    if identity:
+        s_thr, s_start, s_end, skey = r_thr, r_start, r_end, key0
     else:
-        order = np.lexsort((np.arange(m), -r_end, r_start, r_thr))
+        s_thr, s_start, s_end = r_thr[order], r_start[order], r_end[order]
+        skey = (s_thr << time_bits) | s_start
     del key0
-    s_thr, s_start, s_end = r_thr[order], r_start[order], r_end[order]
-    skey = (s_thr << time_bits) | s_start
     ekey = np.sort((r_thr << time_bits) | r_end)
     pos = np.arange(m, dtype=np.int64)
     # Where each thread's starts and ends begin: one lookup per thread, not per event.
     thr_keys = np.arange(n_thr + 1, dtype=np.int64) << time_bits
     thr_first_s = np.searchsorted(skey, thr_keys, "left")
     thr_first_e = np.searchsorted(ekey, thr_keys, "left")
-    depth = (pos - thr_first_s[s_thr] + 1) - (np.searchsorted(ekey, skey, "right")
+    depth = (pos - thr_first_s[s_thr] + 1) - (last_at_or_before(ekey, skey) + 1
                                               - thr_first_e[s_thr])
     depth = np.maximum(depth, 1)
     del ekey, pos
@@ -165,43 +219,34 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     pc = np.maximum(parent_s, 0)
     not_nested = int(((parent_s >= 0) & (s_end[pc] < s_end)).sum())
     del pc
-
-    # The last range started on the thread at or before the call: when ranges nest,
-    # the innermost range holding the call is it or one of its ancestors (a range
-    # open at t0 started before it and is still open, so it encloses it).
-    pthr = np.where((p_thr >= 0) & (p_thr < n_thr), p_thr, n_thr) if n else p_thr
-    pkey = (pthr << time_bits) | p_t0
-    cand = last_at_or_before(skey, pkey)
-    del pkey
-    # Same thread (it started a range at or before the call), and the candidate's start
-    # is then <= t0 by construction: only its end needs checking.
-    own = cand >= thr_first_s[pthr]
-    del pthr
-    cc = np.maximum(cand, 0)
-    bad = own & (s_end[cc] < p_t1)
-    del cc
-    np.copyto(cand, -1, where=~own)
-    del own
-    todo = np.flatnonzero(bad)
-    del bad
-    # Walk up only the failing ones (a call after a child range closed).
-    for _ in range(int(depth.max()) + 1):
-        if not len(todo):
-            break
-        up = parent_s[cand[todo]]
-        cand[todo] = up
-        todo = todo[up >= 0]
-        cu = cand[todo]
-        todo = todo[(s_end[cu] < p_t1[todo]) | (s_start[cu] > p_t0[todo])]
-    if int(order[-1]) != m - 1 or not bool((order[1:] > order[:-1]).all()):
-        owner = np.where(cand >= 0, order[np.maximum(cand, 0)], -1)
+    if identity:
+        parent, depth_out = parent_s, depth
+    else:
         parent = np.full(m, -1, np.int64)
         parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
         depth_out = np.empty(m, np.int64)
         depth_out[order] = depth
-    else:  # identity order: no remapping (10 M points)
-        owner, parent, depth_out = cand, parent_s, depth
-    return SweepResult(owner, parent, depth_out, not_nested)
+    index = RangeIndex(order, skey, s_start, s_end, parent_s, thr_first_s, n_thr, time_bits,
+                       int(depth.max()), identity)
+    return index, SweepResult(np.zeros(0, np.int64), parent, depth_out, not_nested)
+
+
+def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64) -> SweepResult:
+    """Innermost range containing each point interval ``[p_t0, p_t1]`` on its thread.
+
+    Thread codes are dense ints >= 0 (a point with a code no range has, or -1, gets -1);
+    times are >= 0 and ranges have ``end > start``. Indices refer to the input range order.
+    """
+    n = len(p_t0)
+    if not len(r_start):
+        return SweepResult(np.full(n, -1, np.int64), np.zeros(0, np.int64),
+                           np.zeros(0, np.int64), 0)
+    index, res = index_ranges(r_thr, r_start, r_end, int(p_t1.max()) if n else 0)
+    owner = np.empty(n, np.int64)
+    for a in range(0, n, CHUNK):
+        b = min(n, a + CHUNK)
+        owner[a:b] = index.owners(p_thr[a:b], p_t0[a:b], p_t1[a:b])
+    return SweepResult(owner, res.parent, res.depth, res.not_nested)
 
 
 def _graph_points(profile: Profile, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -270,11 +315,22 @@ def distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.unique(_runs(values)[1])
 
 
-def _per_run(code: I64, table: I64) -> I64 | int:
-    """``table[code]`` per element, as a scalar when ``code`` is one run."""
-    if len(code) and code[0] == code[-1] and (len(code) < 3 or bool((code == code[0]).all())):
-        return int(table[code[0]])
-    return table[code]
+MAX_RUN_LOOP = 4096
+"""Up to this many runs of equal keys are handled one run at a time (scalars per run)."""
+
+
+def _shifted(values: I64, code: I64, shift: I64) -> I64:
+    """``values + shift[code]``, with one scalar per run of equal codes when the runs are
+    few (profiles list a process's events together)."""
+    starts, heads = _runs(code)
+    if len(starts) > MAX_RUN_LOOP:
+        out: I64 = values + shift[code]
+        return out
+    out = values.copy()
+    ends = np.append(starts[1:], len(code))
+    for s, e, h in zip(starts.tolist(), ends.tolist(), heads.tolist(), strict=True):
+        out[s:e] += int(shift[h])
+    return out
 
 
 def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
@@ -313,21 +369,38 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
         return idx, keyed.height - first.height
     table = np.full(total, -1, np.int64)
     shift = base - np.where(size > 0, lo, 0)
-    pos = l_corr + _per_run(l_code, shift)
+    pos = _shifted(l_corr, l_code, shift)
     table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
     dup = int(len(pos) - np.count_nonzero(table >= 0))
     del pos, rows, l_code, l_corr
-    o_code = codes_in(ops["proc"].fill_null(0).to_numpy(), procs)
+    o_raw = ops["proc"].fill_null(0).to_numpy()
     o_corr = ints(ops["correlation"])
+    starts, heads = _runs(o_raw)
+    if len(starts) <= MAX_RUN_LOOP:
+        # Ops come in a few runs of one process each: look each run up with its
+        # process's scalars (no per-op process code at all).
+        ends = np.append(starts[1:], n)
+        pos_h = np.minimum(np.searchsorted(procs, heads), len(procs) - 1)
+        for s, e, p, h in zip(starts.tolist(), ends.tolist(), pos_h.tolist(), heads.tolist(),
+                              strict=True):
+            if procs[p] != h or not size[p]:
+                continue
+            rel = o_corr[s:e] - int(lo[p])
+            ok = rel.view(np.uint64) < np.uint64(size[p])
+            rel += int(base[p])
+            idx[s:e] = table[rel] if bool(ok.all()) else np.where(
+                ok, table[np.where(ok, rel, 0)], -1)
+        return idx, dup
+    o_code = codes_in(o_raw, procs)
     # Outside [lo, hi] of its process (or an unknown process, size 0): no launch. One
     # unsigned compare checks both bounds.
     lo_e = np.append(np.where(size > 0, lo, 0), 0)
     size_e = np.append(size, 0)
     shift_e = np.append(shift, 0)
-    rel = o_corr - _per_run(o_code, lo_e)
-    ok = rel.view(np.uint64) < np.asarray(_per_run(o_code, size_e)).astype(np.uint64)
+    rel = o_corr - lo_e[o_code]
+    ok = rel.view(np.uint64) < size_e[o_code].astype(np.uint64)
     del rel
-    opos = o_corr + _per_run(o_code, shift_e)
+    opos = o_corr + shift_e[o_code]
     del o_corr, o_code
     idx = table[opos] if bool(ok.all()) else np.where(ok, table[np.where(ok, opos, 0)], -1)
     return idx, dup
@@ -413,47 +486,56 @@ def attribute(profile: Profile) -> Attribution:
     depth = np.zeros(ranges.height, np.int64)
     not_nested = 0
     if usable.height and n and launches.height:
-        u_tid = usable["tid"].fill_null(0).to_numpy()
-        threads = distinct(u_tid)
-        # Thread codes per launch (runs: cheap), then per op; graph-node ops own theirs.
-        p_thr = codes_in(l_tid, threads)[take]
-        if len(gn):
-            p_thr[gn] = codes_in(tid[gn], threads)
-        if not all_got:
-            p_thr[~got] = -1
-        base = min(int(usable["start"].min()), int(t0.min()))  # type: ignore[arg-type]
-        p_t0 = np.maximum(t0 - base, 0)
-        p_t1 = np.maximum(t1 - base, 0)
-        styles = usable["style"].unique().to_list()
-        best = np.full(n, -1, np.int64) if len(styles) > 1 else owner
-        best_start = np.full(n, -1, np.int64) if len(styles) > 1 else owner
+        threads = distinct(usable["tid"].fill_null(0).to_numpy())
+        base = min(as_int(usable["start"].min()), int(t0.min()))
+        top = max(int(t1.max()) - base, 0)
+        # Push/pop and start/end ranges are indexed apart (they may interleave).
+        parts = []
         for style in ("pushpop", "startend"):
-            part = usable if len(styles) == 1 else usable.filter(pl.col("style") == style)
-            if style not in styles:
+            part = usable.filter(pl.col("style") == style)
+            if not part.height:
                 continue
             r_idx = part["idx"].to_numpy()
-            r_thr = codes_in(part["tid"].fill_null(0).to_numpy(), threads)
-            r_start = ints(part["start"]) - base
-            r_end = ints(part["end"]) - base
-            res = sweep(r_thr, r_start, r_end, p_thr, p_t0, p_t1)
+            index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
+                                      ints(part["start"]) - base, ints(part["end"]) - base,
+                                      top)
             identity = len(r_idx) == ranges.height  # every range usable: idx is arange
-            ro = res.owner if identity else np.where(
-                res.owner >= 0, r_idx[np.maximum(res.owner, 0)], -1)
             parent[r_idx] = res.parent if identity else np.where(
                 res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
             depth[r_idx] = res.depth
             not_nested += res.not_nested
-            if len(styles) == 1:
-                owner = ro
-                break
-            got_s = ro >= 0
-            own_start = np.where(got_s, r_start[np.maximum(res.owner, 0)], -1)
-            # Inner of the two styles' answers: the one that started later.
-            better = got_s & (own_start > best_start)
-            best = np.where(better, ro, best)
-            best_start = np.where(better, own_start, best_start)
-        if len(styles) > 1:
-            owner = best
+            parts.append((index, None if identity else r_idx))
+        all_start = ints(ranges["start"], 0)
+
+        def r_start_of(rows: I64) -> I64:
+            out: I64 = all_start[np.maximum(rows, 0)]
+            return out
+
+        for a in range(0, n, CHUNK):
+            b = min(n, a + CHUNK)
+            # Thread codes: per run of equal tids, so cheap; -1 where no launch.
+            thr = codes_in(tid[a:b], threads)
+            if not all_got:
+                thr[~got[a:b]] = -1
+            c0 = np.maximum(t0[a:b] - base, 0)
+            c1 = np.maximum(t1[a:b] - base, 0)
+            best = best_start = None
+            for index, r_idx in parts:
+                got_r = index.owners(thr, c0, c1)
+                if r_idx is not None:
+                    got_r = np.where(got_r >= 0, r_idx[np.maximum(got_r, 0)], -1)
+                if best is None or best_start is None:
+                    best = got_r
+                    if len(parts) > 1:
+                        best_start = np.where(got_r >= 0, r_start_of(got_r), -1)
+                    continue
+                # Inner of the two styles' answers: the one that started later.
+                own_start = np.where(got_r >= 0, r_start_of(got_r), -1)
+                better = (got_r >= 0) & (own_start > best_start)
+                best = np.where(better, got_r, best)
+                best_start = np.where(better, own_start, best_start)
+            if best is not None:
+                owner[a:b] = best
     if not_nested:
         notes.append(f"{not_nested:,} ranges overlap their enclosing range without nesting "
                      "(async start/end ranges): ops inside them go to a range that contains "

@@ -1,0 +1,109 @@
+"""The profiler's fast paths against its general ones, on the same data.
+
+Attribution and the tables take shortcuts when a profile is laid out the usual way (a
+process's events in long runs, points in time order, each group's ops contiguous and
+non-overlapping). These tests force the general code (many runs, tiny chunks, shuffled
+ops) and require the very same owners and table numbers, so a shortcut that is wrong
+for some layout fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from agentload.profiler import attribute, load_profile, summarize
+from agentload.profiler.synthetic import SyntheticExport
+
+US = 1_000
+att_mod = importlib.import_module("agentload.profiler.attribute")
+sum_mod = importlib.import_module("agentload.profiler.summary")
+
+
+def build(path: Path, seed: int) -> Path:
+    """Two processes, two threads each, random nesting, kernels on two streams."""
+    rng = random.Random(seed)
+    x = SyntheticExport()
+    for pid in (100, 200):
+        x.process(pid, f"p{pid}")
+        for tid in (pid + 1, pid + 2):
+            th = x.thread(pid, tid)
+            t = 0
+            for step in range(6):
+                s0 = t
+                x.push(th, s0, s0 + 400 * US, f"step{step}")
+                for layer in range(3):
+                    l0 = s0 + 10 * US + layer * 120 * US
+                    x.push(th, l0, l0 + 110 * US, f"model.layers.{layer}")
+                    x.push(th, l0 + 5 * US, l0 + 50 * US, f"model.layers.{layer}.attn")
+                    for k in range(rng.randint(0, 3)):
+                        x.launch_kernel(th, l0 + (6 + 10 * k) * US, l0 + (60 + 3 * k) * US,
+                                        f"attn{k}", api_ns=2 * US, gpu_ns=rng.randint(1, 9) * US,
+                                        stream=rng.choice((7, 9)))
+                    x.launch_kernel(th, l0 + 55 * US, l0 + 90 * US, "after_attn",
+                                    api_ns=2 * US, gpu_ns=4 * US)
+                x.launch_kernel(th, s0 + 380 * US, s0 + 390 * US, "tail", api_ns=2 * US)
+                t += 500 * US
+    return x.write(path)
+
+
+def snapshot(path: Path) -> tuple[list[int | None], pl.DataFrame, pl.DataFrame]:
+    att = attribute(load_profile(path))
+    s = summarize(att, level="layer")
+    cols = ["pid", "name", "instances", "kernels", "memops", "kernel_ns", "busy_ns",
+            "span_ns", "gap_ns"]
+    key = ["proc", "correlation", "start"]
+    owner = att.ops.sort(key)["range"].to_list()
+    return owner, s.layers.select(cols).sort("pid", "name"), s.steps.select(
+        "pid", "step", "kernels", "kernel_ns", "busy_ns", "span_ns").sort("pid", "step", "span_ns")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_general_paths_give_the_same_answers(tmp_path: Path, seed: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path = build(tmp_path / "x.sqlite", seed)
+    fast = snapshot(path)
+    assert sum(o is None for o in fast[0]) == 0  # every kernel has an owner
+    monkeypatch.setattr(att_mod, "MAX_RUN_LOOP", 0)  # per-op process codes
+    monkeypatch.setattr(att_mod, "CHUNK", 7)  # chunk edges everywhere
+    general = snapshot(path)
+    assert general[0] == fast[0]
+    assert general[1].equals(fast[1]) and general[2].equals(fast[2])
+
+
+def test_shuffled_ops_take_the_sorting_paths(tmp_path: Path) -> None:
+    """Ops in random order: the needles and groups must be sorted, same answers."""
+    path = build(tmp_path / "x.sqlite", 5)
+    prof = load_profile(path)
+    want = snapshot(path)
+    perm = np.random.default_rng(0).permutation(prof.ops.height)
+    shuffled = dataclasses.replace(prof, ops=prof.ops[perm])
+    att = attribute(shuffled)
+    owner = att.ops.sort("proc", "correlation", "start")["range"].to_list()
+    assert owner == want[0]
+    s = summarize(att, level="layer")
+    layers = s.layers.select(want[1].columns).sort("pid", "name")
+    assert layers.equals(want[1])
+
+
+def test_known_numbers_of_one_layer(tmp_path: Path) -> None:
+    """busy = union even when two streams overlap inside an instance (fast path off)."""
+    x = SyntheticExport()
+    x.process(7, "p")
+    t = x.thread(7, 8)
+    x.push(t, 0, 100 * US, "model.layers.0")
+    x.launch_kernel(t, 1 * US, 10 * US, "a", api_ns=1 * US, gpu_ns=10 * US)
+    x.launch_kernel(t, 3 * US, 15 * US, "b", api_ns=1 * US, gpu_ns=10 * US, stream=9)
+    x.launch_kernel(t, 5 * US, 40 * US, "c", api_ns=1 * US, gpu_ns=5 * US)
+    x.launch_kernel(t, 6 * US, 50 * US, "d", api_ns=1 * US, gpu_ns=5 * US)
+    s = summarize(attribute(load_profile(x.write(tmp_path / "u.sqlite"))), level="layer")
+    row = s.layers.row(0, named=True)
+    # a 10..20 and b 15..25 overlap; c 40..45, d 50..55
+    assert (row["kernels"], row["kernel_ns"], row["busy_ns"]) == (4, 30 * US, 25 * US)
+    assert row["span_ns"] == 45 * US
