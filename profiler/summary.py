@@ -116,7 +116,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         """``table[range]`` per op, -1 for ops without a range (gathered once)."""
         if not len(table):
             return np.full(n, -1, np.int64)
-        out = table[rc]
+        out: npt.NDArray[np.int64] = table[rc]
         if has is not None:
             out[~has] = -1
         return out
@@ -242,7 +242,8 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
     return out
 
 
-def _grouped(cols: Cols, keys: list[str]) -> tuple[npt.NDArray[np.int64], dict[str, Any]]:
+def _grouped(cols: Cols, keys: list[str], want_g: bool = True
+             ) -> tuple[npt.NDArray[np.int64], dict[str, Any]]:
     """Per row its dense group id ``g``, and per group: the first row (original index),
     op counts and times (numpy, no per-group Python).
 
@@ -281,13 +282,6 @@ def _grouped(cols: Cols, keys: list[str]) -> tuple[npt.NDArray[np.int64], dict[s
         start, end, kernel = start0[order], end0[order], cols["kernel"][order]
         first_orig = order[first]
     del gid
-    g_sorted = np.cumsum(new) - 1
-    del new
-    if order is None:
-        g = g_sorted
-    else:
-        g = np.empty(n, np.int64)
-        g[order] = g_sorted
     gmin = start[first]
     gmax = np.maximum.reduceat(end, first)
     dur = end - start
@@ -295,17 +289,15 @@ def _grouped(cols: Cols, keys: list[str]) -> tuple[npt.NDArray[np.int64], dict[s
     kernel_ns = np.add.reduceat(dur if all_kernels else np.where(kernel, dur, 0), first)
     kernels = np.diff(np.append(first, n)) if all_kernels else np.add.reduceat(
         kernel.astype(np.int64), first)
-    starts_new = np.ones(n, bool)
-    starts_new[1:] = g_sorted[1:] != g_sorted[:-1]
     # Busy (union) time. When every op starts after the previous one of its group ended
     # (one stream: the usual case), the union is the sum of durations; else each group is
     # shifted into its own window of the number line so one running maximum of ends,
     # over all groups at once, acts within each group.
-    if bool(((start[1:] >= end[:-1]) | starts_new[1:]).all()):
+    if bool(((start[1:] >= end[:-1]) | new[1:]).all()):
         busy = np.add.reduceat(dur, first)
     else:
         width = np.maximum(gmax, gmin) - gmin + 1
-        shift = (np.cumsum(width) - width - gmin)[g_sorted]
+        shift = np.repeat(np.cumsum(width) - width - gmin, np.diff(np.append(first, n)))
         s_sh = start + shift
         e_sh = end + shift
         del shift
@@ -317,6 +309,13 @@ def _grouped(cols: Cols, keys: list[str]) -> tuple[npt.NDArray[np.int64], dict[s
         np.subtract(e_sh, prev, out=e_sh)
         np.clip(e_sh, 0, None, out=e_sh)
         busy = np.add.reduceat(e_sh, first)
+    del new
+    g = np.repeat(np.arange(len(first), dtype=np.int64), np.diff(np.append(first, n))) \
+        if want_g else np.zeros(0, np.int64)
+    if order is not None and want_g:
+        g_orig = np.empty(n, np.int64)
+        g_orig[order] = g
+        g = g_orig
     return g, {
         "first": first_orig, "kernels": kernels,
         "memops": np.diff(np.append(first, n)) - kernels, "kernel_ns": kernel_ns,
@@ -407,7 +406,7 @@ def _types(instances: pl.DataFrame) -> pl.DataFrame:
 
 def _steps(cols: Cols, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     keys = ["proc", "step_key"]
-    _, agg = _grouped(cols, keys)
+    _, agg = _grouped(cols, keys, want_g=False)
     head = _heads(cols, [*keys, "step_range", "graph_step"], agg.pop("first"))
     per = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
     counts = instances.group_by(keys).agg(
