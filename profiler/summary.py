@@ -309,9 +309,9 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
         np.subtract(e_sh, prev, out=e_sh)
         np.clip(e_sh, 0, None, out=e_sh)
         busy = np.add.reduceat(e_sh, first)
+    g = np.cumsum(new, dtype=np.int64) if want_g else np.zeros(0, np.int64)
+    g -= 1
     del new
-    g = np.repeat(np.arange(len(first), dtype=np.int64), np.diff(np.append(first, n))) \
-        if want_g else np.zeros(0, np.int64)
     if order is not None and want_g:
         g_orig = np.empty(n, np.int64)
         g_orig[order] = g
