@@ -11,12 +11,14 @@ a stack, so at any instant the open ranges form a chain with one range per depth
 the open one at depth ``d`` is simply the *last range of depth d started so far*. Hence:
 
 1. each range's depth = starts so far - ends so far on its thread (two ``searchsorted``);
-2. its parent = the last range one level up started before it (one ``searchsorted`` in
-   ranges keyed ``(thread, depth, position)``);
+2. its parent = the last range one level up started before it (one ``searchsorted`` per
+   depth level, among that level's ranges);
 3. a launch's innermost range = the last range started before it at depth
    ``open(t)`` (the same lookup), then verified to contain the whole call.
 
-Everything is numpy over packed 63-bit keys: O((N + M) log M), no Python loop per event.
+Everything is numpy over packed 63-bit keys, no Python loop per event. Per-op work runs
+in cache-sized chunks, and a chunk's lookups are a merge when its launches are in time
+order (they are, per thread): O(N + M log N) with sequential memory access.
 Ranges that overlap without nesting (async start/end ranges) cannot fool the result into
 a range that does not contain the call (step 3's check walks up the parents), but the
 innermost may then be missed; that case is counted and said. Push/pop and start/end
