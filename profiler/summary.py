@@ -59,7 +59,9 @@ class Summary:
 
 def short_kernel_name(name: str) -> str:
     """``void ns::gemm<float, 128>(Params)`` -> ``ns::gemm``: what people call a kernel."""
-    text = re.sub(r"^(void|[\w:]+\s*\*?)\s+(?=[\w:~]+[<(])", "", name.strip())
+    # "(anonymous namespace)::" is a scope, not the argument list that ends a name.
+    text = name.strip().replace("(anonymous namespace)::", "")
+    text = re.sub(r"^(void|[\w:]+\s*\*?)\s+(?=[\w:~]+[<(])", "", text)
     depth = 0
     for i, ch in enumerate(text):
         if ch in "<(" and depth == 0 and i > 0:

@@ -52,7 +52,9 @@ def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
 
 def layer_type(label: pl.Expr) -> pl.Expr:
     """A label with its layer (and other numeric path) indices replaced by ``*``:
-    ``model.layers.7.mlp`` -> ``model.layers.*.mlp``."""
+    ``model.layers.7.mlp`` -> ``model.layers.*.mlp``, ``layer7.fused`` -> ``layer*.fused``."""
     return (label.str.replace_all(r"\.\d+(\.|$)", ".*$1")
             .str.replace_all(r"\.\d+(\.|$)", ".*$1")  # a second pass for adjacent indices
-            .str.replace(r"_\d+$", "_*"))
+            .str.replace(r"_\d+$", "_*")
+            # ``layer3.standard`` (a layer index glued to its name) -> ``layer*.standard``
+            .str.replace(r"(^|\.)layer\d+(\.|$)", "${1}layer*${2}"))

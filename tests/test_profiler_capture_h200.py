@@ -43,3 +43,18 @@ def test_captured_trace_is_from_an_h200() -> None:
         trace = json.loads(fh.read())
     assert [d["name"] for d in trace["deviceProperties"]] == ["NVIDIA H200"]
     assert (DATA / "moe4_capture_b8.json.gz").stat().st_size < 1_000_000
+
+
+def test_layer_types_and_kernel_names_of_the_capture() -> None:
+    from agentload.profiler import attribute, load_profile, summarize
+    from agentload.profiler.summary import short_kernel_name
+
+    s = summarize(attribute(load_profile(DATA / "moe4_capture_b1.json.gz")))
+    types = {r["type"]: r for r in s.types.iter_rows(named=True)}
+    # the four layer<i>.standard ranges are one type: 4 layers x 4 steps x 56 kernels
+    assert types["layer*.standard"]["kernels"] == 4 * STEPS * 56
+    # names inside an anonymous namespace are not cut at "(anonymous namespace)"
+    assert short_kernel_name("void at::native::(anonymous namespace)::cunn_SoftMaxForward"
+                             "<4, float>(float*)") == "at::native::cunn_SoftMaxForward"
+    assert not [k for k in s.top_kernels["kernel"].to_list() if k.endswith("::")]
+
