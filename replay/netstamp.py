@@ -65,6 +65,13 @@ RCVBUF = 8 << 20
 LAZY_READS = 64
 LAZY_NS = 1_000_000_000
 IDLE_EXPIRY_NS = 4_000_000_000
+# A stream of small segments with nothing sent back makes Linux ACK every read (a pushed
+# segment below the receive MSS, and not in "pingpong" mode), and each ACK runs the whole
+# loopback path in the reader's syscall. TCP_QUICKACK=0 after each read re-enters
+# pingpong (delayed-ACK) mode, which the delayed-ACK timer leaves again: measured at
+# 1,000 streams, ACKs per event 1.3 -> 1.0 and client kernel time 9.9 -> 7.9 us/event.
+# Receive stamps are unaffected (they are taken when the segment arrives).
+TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 def realtime_offset_ns(samples: int = 7) -> int:
@@ -166,6 +173,8 @@ class _Conn:
             self.stop_reading()
             self._wake()
             return
+        if TCP_QUICKACK is not None:
+            self.sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 0)
         kernel = None
         for level, kind, raw in anc:
             if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS:
