@@ -6,6 +6,7 @@ import asyncio
 import itertools
 
 import httpx
+import pytest
 
 from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.netstamp import StampedTransport, kernel_stamps_work, stamps_of
@@ -99,9 +100,16 @@ def test_refused_and_stall_map_to_httpx_errors() -> None:
     asyncio.run(main())
 
 
-def test_queued_reads_come_as_one_item_and_keep_their_own_stamps() -> None:
-    """A woken body hands over every queued read at once; each event keeps its read's stamp."""
+@pytest.mark.parametrize("min_streams", [1, 64])
+def test_queued_reads_come_as_one_item_and_keep_their_own_stamps(
+        min_streams: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A woken body hands over every queued read at once; each event keeps its read's stamp.
+    Wake-ups are batched only while ``LAZY_MIN_STREAMS`` bodies stream (1 here: this one);
+    below that (64, the default) every read wakes the body on its own."""
+    from agentload.replay import netstamp
     from agentload.replay.client import stream_completion
+
+    monkeypatch.setattr(netstamp, "LAZY_MIN_STREAMS", min_streams)
 
     def chunk(payload: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(payload), payload)
@@ -136,8 +144,11 @@ def test_queued_reads_come_as_one_item_and_keep_their_own_stamps() -> None:
                     assert st is not None and st.batch
                     assert st.batch[-1][0] == len(raw)  # the offsets cover the item
                     batches.append(len(st.batch))
-            # Wake-ups after the first body read are batched: some item held several reads.
-            assert max(batches) > 1 and sum(batches) >= 6
+            if min_streams == 1:
+                # Wake-ups after the first body read are batched: an item held several reads.
+                assert max(batches) > 1 and sum(batches) >= 6
+            else:  # one stream: no batching, one read an item
+                assert set(batches) == {1} and sum(batches) >= 6
             res = await stream_completion(client, url, b"{}")
         assert res.ok and res.chunks == 6
         # Every event has its own stamp, in order, about 5 ms apart (not one per item).
