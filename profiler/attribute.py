@@ -492,7 +492,7 @@ def attribute(profile: Profile) -> Attribution:
         base = min(as_int(usable["start"].min()), int(t0.min()))
         top = max(int(t1.max()) - base, 0)
         # Push/pop and start/end ranges are indexed apart (they may interleave).
-        parts = []
+        parts: list[tuple[RangeIndex, I64 | None]] = []
         for style in ("pushpop", "startend"):
             part = usable.filter(pl.col("style") == style)
             if not part.height:
@@ -521,11 +521,12 @@ def attribute(profile: Profile) -> Attribution:
                 thr[~got[a:b]] = -1
             c0 = np.maximum(t0[a:b] - base, 0)
             c1 = np.maximum(t1[a:b] - base, 0)
-            best = best_start = None
-            for index, r_idx in parts:
+            best: I64 | None = None
+            best_start: I64 | None = None
+            for index, part_idx in parts:
                 got_r = index.owners(thr, c0, c1)
-                if r_idx is not None:
-                    got_r = np.where(got_r >= 0, r_idx[np.maximum(got_r, 0)], -1)
+                if part_idx is not None:
+                    got_r = np.where(got_r >= 0, part_idx[np.maximum(got_r, 0)], -1)
                 if best is None or best_start is None:
                     best = got_r
                     if len(parts) > 1:
