@@ -286,51 +286,30 @@ class _Body(httpx.AsyncByteStream):
             self.t.streaming -= 1
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self.conn
         stamps = self.stamps
-        decode = self._decode_chunked if self.chunked else self._decode_plain
         if self.first:
             # The body bytes that came with the head, with the head read's stamps.
-            out = decode(self.first)
+            out = (self._decode_chunked if self.chunked else self._decode_plain)(self.first)
             self.first = b""
             if out:
                 stamps.batch = [(len(out), stamps.user_ns, stamps.kernel_ns)]
                 yield out
-        queue = conn.queue
         while not self.done:
-            data, user, kernel = await conn.read(self.read_timeout)
-            # After the first body read (the first token is parsed on time) wake-ups of
-            # a chunked stream are batched; the stamps are the callback's either way.
-            conn.lazy = self._lazy()
-            if not data:
-                if self.chunked or self.left is not None:
-                    raise httpx.RemoteProtocolError(
-                        "peer closed connection without sending complete message body")
-                self.done = True
-                self.keep_alive = False
+            items = await self._next_read()
+            if items is None:
                 break
-            # Every read queued so far, decoded into one item.
-            parts: list[bytes] = []
+            if not items:
+                continue
+            # Every read queued so far, as one item; the marks are cumulative sizes.
             marks: list[tuple[int, int, int | None]] = []
-            size = reads = 0
-            while True:
-                reads += 1
-                out = decode(data)
-                if out:
-                    parts.append(out)
-                    size += len(out)
-                    marks.append((size, user, kernel))
-                if self.done or not queue:
-                    break
-                data, user, kernel = queue.popleft()
-            stamps.user_ns, stamps.kernel_ns = user, kernel
-            stamps.reads += reads
-            if parts:
-                stamps.batch = marks
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
+            size = 0
+            for out, user, kernel in items:
+                size += len(out)
+                marks.append((size, user, kernel))
+            stamps.batch = marks
+            yield items[0][0] if len(items) == 1 else b"".join([item[0] for item in items])
         # Everything was read: the connection can serve the next request.
-        conn.lazy = False
-        self._release()
+        self._finish()
 
     async def next_reads(self) -> list[tuple[bytes, int, int | None]] | None:
         """Every read queued now, decoded: ``(payload, user_ns, kernel_ns)`` per read
@@ -350,10 +329,21 @@ class _Body(httpx.AsyncByteStream):
             return [(out, stamps.user_ns, stamps.kernel_ns)] if out else []
         if self.done:
             return None
+        items = await self._next_read()
+        if self.done:  # also at the end of an unframed body (items is None)
+            self._finish()
+        return items
+
+    async def _next_read(self) -> list[tuple[bytes, int, int | None]] | None:
+        """Wait for one wake-up and decode every read queued by then:
+        ``(payload, user_ns, kernel_ns)`` per read that carried body bytes; ``None``
+        when the peer closed an unframed body (then ``done``, no keep-alive). Sets
+        the stamps' last read and read count; finishing is the caller's."""
         conn = self.conn
         data, user, kernel = await conn.read(self.read_timeout)
-        # After the first body read wake-ups of a chunked stream are batched (see
-        # LAZY_READS); the stamps are the read callback's either way.
+        # After the first body read (the first token is parsed on time) wake-ups of a
+        # chunked stream are batched (see LAZY_READS); the stamps are the read
+        # callback's either way.
         conn.lazy = self._lazy()
         if not data:
             if self.chunked or self.left is not None:
@@ -361,7 +351,6 @@ class _Body(httpx.AsyncByteStream):
                     "peer closed connection without sending complete message body")
             self.done = True
             self.keep_alive = False
-            self._finish()
             return None
         decode = self._decode_chunked if self.chunked else self._decode_plain
         queue = conn.queue
@@ -375,10 +364,9 @@ class _Body(httpx.AsyncByteStream):
             if self.done or not queue:
                 break
             data, user, kernel = queue.popleft()
+        stamps = self.stamps
         stamps.user_ns, stamps.kernel_ns = user, kernel
         stamps.reads += reads
-        if self.done:
-            self._finish()
         return items
 
     def _finish(self) -> None:
