@@ -292,10 +292,7 @@ def _apply_pending(pending: list[bytes], stamp_of: list[int], user_of: list[int]
             _handle_data(pending[i], stamp, result)
         else:
             _apply(objs[i], stamp, result)
-        if result.chunks > before:
-            got += 1
-            if user_list is not None:
-                user_list.append(user)
+        got = _count_event(result, before, got, user_list, user)
         if result.error is not None:
             break
     _close_read(result, got)
@@ -338,13 +335,22 @@ def _handle_events(buffer: bytes, base: int, batch: list[tuple[int, int, int | N
         else:
             _handle_event(event, kernel if kernel is not None else user, result)
         start = end + 2
-        if result.chunks > before:
-            got += 1
-            if user_list is not None:
-                user_list.append(user)
+        got = _count_event(result, before, got, user_list, user)
         if result.error is not None:
             break
     _close_read(result, got)
+
+
+def _count_event(result: StreamResult, before: int, got: int, user_list: list[int] | None,
+                 user: int) -> int:
+    """After one event was applied (``before``: the chunk count ahead of it): when it
+    was a token event, count it for its read and keep its read's Python stamp (where
+    the kernel stamps are kept); returns the read's new count of token events."""
+    if result.chunks > before:
+        if user_list is not None:
+            user_list.append(user)
+        return got + 1
+    return got
 
 
 def _close_read(result: StreamResult, got: int) -> None:
