@@ -39,11 +39,15 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from agentload.profiler import compiled
 from agentload.profiler.errors import ProfileError
 from agentload.profiler.model import OP_KINDS, Profile, as_int
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+NO_MASK = np.zeros(0, bool)
+"""An empty ``got`` mask: every point is valid."""
 VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
 
 
@@ -146,41 +150,23 @@ class RangeIndex:
     """One thread-set's ranges, sorted by (thread, start), ready for point lookups."""
 
     order: I64
-    skey: I64
     s_start: I64
     s_end: I64
     parent_s: I64
     thr_first_s: I64
     n_thr: int
-    time_bits: int
-    max_depth: int
     identity: bool
 
-    def owners(self, p_thr: I64, p_t0: I64, p_t1: I64) -> I64:
-        """Innermost range (input index, -1: none) holding each point; one chunk."""
-        n_thr, s_end = self.n_thr, self.s_end
-        pthr = np.where((p_thr >= 0) & (p_thr < n_thr), p_thr, n_thr)
-        # The last range started on the thread at or before the call: when ranges nest,
-        # the innermost range holding the call is it or one of its ancestors (a range
-        # open at t0 started before it and is still open, so it encloses it).
-        cand = _last_le(self.skey, (pthr << self.time_bits) | p_t0)
-        # Same thread (it started a range at or before the call); the candidate's start
-        # is then <= t0 by construction: only its end needs checking.
-        own = cand >= self.thr_first_s[pthr]
-        cand[~own] = -1
-        todo = np.flatnonzero(own & (s_end[np.maximum(cand, 0)] < p_t1))
-        # Walk up only the failing ones (a call after a child range closed).
-        for _ in range(self.max_depth + 1):
-            if not len(todo):
-                break
-            up = self.parent_s[cand[todo]]
-            cand[todo] = up
-            todo = todo[up >= 0]
-            cu = cand[todo]
-            todo = todo[(s_end[cu] < p_t1[todo]) | (self.s_start[cu] > p_t0[todo])]
-        if self.identity:
-            return cand
-        return np.where(cand >= 0, self.order[np.maximum(cand, 0)], -1)
+    def owners(self, tid: U64, got: npt.NDArray[np.bool_], threads: U64, t0: I64, t1: I64,
+               base: int) -> I64:
+        """Innermost range (input index, -1: none) holding each ``[t0, t1]`` on thread
+        ``tid`` (looked up in ``threads``, whose index is the thread code; ``got`` empty:
+        every point valid). When ranges nest, the innermost range holding a call is the
+        last range started on the thread at or before it, or one of its ancestors (a
+        range open at ``t0`` started before it and is still open, so it encloses it)."""
+        return compiled.innermost(tid, got, threads, self.n_thr, t0, t1, base,
+                                  self.thr_first_s, self.s_start, self.s_end, self.parent_s,
+                                  self.order, self.identity)
 
 
 def index_ranges(r_thr: I64, r_start: I64, r_end: I64, top_time: int
@@ -228,8 +214,7 @@ def index_ranges(r_thr: I64, r_start: I64, r_end: I64, top_time: int
         parent[order] = np.where(parent_s >= 0, order[np.maximum(parent_s, 0)], -1)
         depth_out = np.empty(m, np.int64)
         depth_out[order] = depth
-    index = RangeIndex(order, skey, s_start, s_end, parent_s, thr_first_s, n_thr, time_bits,
-                       int(depth.max()), identity)
+    index = RangeIndex(order, s_start, s_end, parent_s, thr_first_s, n_thr, identity)
     return index, SweepResult(np.zeros(0, np.int64), parent, depth_out, not_nested)
 
 
@@ -244,10 +229,9 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
         return SweepResult(np.full(n, -1, np.int64), np.zeros(0, np.int64),
                            np.zeros(0, np.int64), 0)
     index, res = index_ranges(r_thr, r_start, r_end, int(p_t1.max()) if n else 0)
-    owner = np.empty(n, np.int64)
-    for a in range(0, n, CHUNK):
-        b = min(n, a + CHUNK)
-        owner[a:b] = index.owners(p_thr[a:b], p_t0[a:b], p_t1[a:b])
+    # Thread codes are their own keys; -1 (no thread) wraps to a code no range has.
+    codes = np.arange(index.n_thr, dtype=np.uint64)
+    owner = index.owners(p_thr.astype(np.uint64), NO_MASK, codes, p_t0, p_t1, 0)
     return SweepResult(owner, res.parent, res.depth, res.not_nested)
 
 
@@ -317,24 +301,6 @@ def distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.unique(_runs(values)[1])
 
 
-MAX_RUN_LOOP = 4096
-"""Up to this many runs of equal keys are handled one run at a time (scalars per run)."""
-
-
-def _shifted(values: I64, code: I64, shift: I64) -> I64:
-    """``values + shift[code]``, with one scalar per run of equal codes when the runs are
-    few (profiles list a process's events together)."""
-    starts, heads = _runs(code)
-    if len(starts) > MAX_RUN_LOOP:
-        out: I64 = values + shift[code]
-        return out
-    out = values.copy()
-    ends = np.append(starts[1:], len(code))
-    for s, e, h in zip(starts.tolist(), ends.tolist(), heads.tolist(), strict=True):
-        out[s:e] += int(shift[h])
-    return out
-
-
 def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     """Per op the row of its launch on (process, correlationId), -1 when none; and how
     many launches repeat a key.
@@ -347,18 +313,10 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     idx = np.full(n, -1, np.int64)
     if not launches.height or not n:
         return idx, 0
-    l_raw = launches["proc"].fill_null(0).to_numpy()
-    procs = distinct(l_raw)
-    l_code = codes_in(l_raw, procs)
+    l_proc = launches["proc"].fill_null(0).to_numpy()
+    procs = distinct(l_proc)
     l_corr = ints(launches["correlation"])
-    rows = np.arange(launches.height, dtype=np.int64)
-    if int(l_corr.min()) < 0:
-        valid = l_corr >= 0
-        l_code, l_corr, rows = l_code[valid], l_corr[valid], rows[valid]
-    lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
-    hi = np.full(len(procs), -1, np.int64)
-    np.minimum.at(lo, l_code, l_corr)
-    np.maximum.at(hi, l_code, l_corr)
+    lo, hi = compiled.correlation_bounds(l_proc, l_corr, procs)
     size = np.maximum(hi - lo + 1, 0)
     base = np.cumsum(size) - size
     total = int(size.sum())
@@ -370,41 +328,10 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
         idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
         return idx, keyed.height - first.height
     table = np.full(total, -1, np.int64)
-    shift = base - np.where(size > 0, lo, 0)
-    pos = _shifted(l_corr, l_code, shift)
-    table[pos[::-1]] = rows[::-1]  # reversed: the first of repeated keys wins
-    dup = int(len(pos) - np.count_nonzero(table >= 0))
-    del pos, rows, l_code, l_corr
-    o_raw = ops["proc"].fill_null(0).to_numpy()
-    o_corr = ints(ops["correlation"])
-    starts, heads = _runs(o_raw)
-    if len(starts) <= MAX_RUN_LOOP:
-        # Ops come in a few runs of one process each: look each run up with its
-        # process's scalars (no per-op process code at all).
-        ends = np.append(starts[1:], n)
-        pos_h = np.minimum(np.searchsorted(procs, heads), len(procs) - 1)
-        for s, e, p, h in zip(starts.tolist(), ends.tolist(), pos_h.tolist(), heads.tolist(),
-                              strict=True):
-            if procs[p] != h or not size[p]:
-                continue
-            rel = o_corr[s:e] - int(lo[p])
-            ok = rel.view(np.uint64) < np.uint64(size[p])
-            rel += int(base[p])
-            idx[s:e] = table[rel] if bool(ok.all()) else np.where(
-                ok, table[np.where(ok, rel, 0)], -1)
-        return idx, dup
-    o_code = codes_in(o_raw, procs)
-    # Outside [lo, hi] of its process (or an unknown process, size 0): no launch. One
-    # unsigned compare checks both bounds.
-    lo_e = np.append(np.where(size > 0, lo, 0), 0)
-    size_e = np.append(size, 0)
-    shift_e = np.append(shift, 0)
-    rel = o_corr - lo_e[o_code]
-    ok = rel.view(np.uint64) < size_e[o_code].astype(np.uint64)
-    del rel
-    opos = o_corr + shift_e[o_code]
-    del o_corr, o_code
-    idx = table[opos] if bool(ok.all()) else np.where(ok, table[np.where(ok, opos, 0)], -1)
+    dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, base, table)
+    del l_proc, l_corr
+    idx = compiled.launch_rows(ops["proc"].fill_null(0).to_numpy(), ints(ops["correlation"]),
+                               procs, lo, size, base, table)
     return idx, dup
 
 
@@ -513,32 +440,18 @@ def attribute(profile: Profile) -> Attribution:
             out: I64 = all_start[np.maximum(rows, 0)]
             return out
 
-        for a in range(0, n, CHUNK):
-            b = min(n, a + CHUNK)
-            # Thread codes: per run of equal tids, so cheap; -1 where no launch.
-            thr = codes_in(tid[a:b], threads)
-            if not all_got:
-                thr[~got[a:b]] = -1
-            c0 = np.maximum(t0[a:b] - base, 0)
-            c1 = np.maximum(t1[a:b] - base, 0)
-            best: I64 | None = None
-            best_start: I64 | None = None
-            for index, part_idx in parts:
-                got_r = index.owners(thr, c0, c1)
-                if part_idx is not None:
-                    got_r = np.where(got_r >= 0, part_idx[np.maximum(got_r, 0)], -1)
-                if best is None or best_start is None:
-                    best = got_r
-                    if len(parts) > 1:
-                        best_start = np.where(got_r >= 0, r_start_of(got_r), -1)
-                    continue
-                # Inner of the two styles' answers: the one that started later.
-                own_start = np.where(got_r >= 0, r_start_of(got_r), -1)
-                better = (got_r >= 0) & (own_start > best_start)
-                best = np.where(better, got_r, best)
-                best_start = np.where(better, own_start, best_start)
-            if best is not None:
-                owner[a:b] = best
+        mask = NO_MASK if all_got else got
+        for index, part_idx in parts:
+            got_r = index.owners(tid, mask, threads, t0, t1, base)
+            if part_idx is not None:
+                got_r = np.where(got_r >= 0, part_idx[np.maximum(got_r, 0)], -1)
+            if len(parts) == 1:
+                owner = got_r
+                break
+            # Inner of the two styles' answers: the one that started later.
+            own_start = np.where(got_r >= 0, r_start_of(got_r), -1)
+            better = (got_r >= 0) & (own_start > np.where(owner >= 0, r_start_of(owner), -1))
+            owner = np.where(better, got_r, owner)
     if not_nested:
         notes.append(f"{not_nested:,} ranges overlap their enclosing range without nesting "
                      "(async start/end ranges): ops inside them go to a range that contains "

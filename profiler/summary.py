@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from agentload.profiler import compiled
 from agentload.profiler.attribute import VIA_CODES, Attribution, ints
 from agentload.profiler.infer import block_labels, find_period
 from agentload.profiler.model import OP_KINDS, pid_of
@@ -247,7 +248,7 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
 def _grouped(cols: Cols, keys: list[str], want_g: bool = True
              ) -> tuple[npt.NDArray[np.int64], dict[str, Any]]:
     """Per row its dense group id ``g``, and per group: the first row (original index),
-    op counts and times (numpy, no per-group Python).
+    op counts and times (one compiled pass, no per-group Python).
 
     Profiles list a group's ops together and in time order (one layer's kernels follow
     each other), so the groups are usually the runs of equal keys: then nothing is
@@ -261,12 +262,8 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
                       "busy_ns": zero, "start": zero, "span_ns": zero}
     gid = _group_ids(cols, keys)
     start0, end0 = cols["start"], cols["end"]
-    new = np.empty(n, bool)
-    new[0] = True
-    np.not_equal(gid[1:], gid[:-1], out=new[1:])
-    first = np.flatnonzero(new)
-    runs_are_groups = len(np.unique(gid[first])) == len(first) and bool(
-        ((start0[1:] >= start0[:-1]) | new[1:]).all())
+    first, ordered, rising = compiled.group_runs(gid, start0)
+    runs_are_groups = ordered and (rising or len(np.unique(gid[first])) == len(first))
     if runs_are_groups:
         order = None
         start, end, kernel = start0, end0, cols["kernel"]
@@ -277,47 +274,21 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
         by_start = np.argsort(start0, kind="stable")
         order = by_start[np.argsort(gid[by_start], kind="stable")]
         del by_start
-        gs = gid[order]
-        np.not_equal(gs[1:], gs[:-1], out=new[1:])
-        del gs
-        first = np.flatnonzero(new)
+        first, _, _ = compiled.group_runs(gid[order], start0[order])
         start, end, kernel = start0[order], end0[order], cols["kernel"][order]
         first_orig = order[first]
     del gid
+    kernels, kernel_ns, busy, gmax = compiled.group_sums(first, start, end, kernel)
     gmin = start[first]
-    gmax = np.maximum.reduceat(end, first)
-    dur = end - start
-    all_kernels = bool(kernel.all())
-    kernel_ns = np.add.reduceat(dur if all_kernels else np.where(kernel, dur, 0), first)
-    kernels = np.diff(np.append(first, n)) if all_kernels else np.add.reduceat(
-        kernel.astype(np.int64), first)
-    # Busy (union) time. When every op starts after the previous one of its group ended
-    # (one stream: the usual case), the union is the sum of durations; else each group is
-    # shifted into its own window of the number line so one running maximum of ends,
-    # over all groups at once, acts within each group.
-    if bool(((start[1:] >= end[:-1]) | new[1:]).all()):
-        busy = np.add.reduceat(dur, first)
+    if want_g:
+        sizes = np.diff(np.append(first, n))
+        g = np.repeat(np.arange(len(first), dtype=np.int64), sizes)
+        if order is not None:
+            g_orig = np.empty(n, np.int64)
+            g_orig[order] = g
+            g = g_orig
     else:
-        width = np.maximum(gmax, gmin) - gmin + 1
-        shift = np.repeat(np.cumsum(width) - width - gmin, np.diff(np.append(first, n)))
-        s_sh = start + shift
-        e_sh = end + shift
-        del shift
-        prev = np.empty(n, np.int64)
-        prev[0] = -1
-        np.maximum.accumulate(e_sh[:-1], out=prev[1:])
-        np.maximum(s_sh, prev, out=prev)
-        del s_sh
-        np.subtract(e_sh, prev, out=e_sh)
-        np.clip(e_sh, 0, None, out=e_sh)
-        busy = np.add.reduceat(e_sh, first)
-    g = np.cumsum(new, dtype=np.int64) if want_g else np.zeros(0, np.int64)
-    g -= 1
-    del new
-    if order is not None and want_g:
-        g_orig = np.empty(n, np.int64)
-        g_orig[order] = g
-        g = g_orig
+        g = np.zeros(0, np.int64)
     return g, {
         "first": first_orig, "kernels": kernels,
         "memops": np.diff(np.append(first, n)) - kernels, "kernel_ns": kernel_ns,
@@ -457,9 +428,7 @@ def _top_kernels(cols: Cols, instances: pl.DataFrame, names: pl.DataFrame) -> pl
     n_codes = int(code_of_g.max(initial=-1)) + 1
     if n_codes * width <= DENSE_KEYS:
         # A dense table: one pass, no hashing of 10 M keys.
-        count = np.bincount(key, minlength=n_codes * width)
-        total = np.zeros(n_codes * width, np.int64)
-        np.add.at(total, key, dur)
+        count, total = compiled.keyed_sums(key, dur, n_codes * width)
         hit = np.flatnonzero(count)
         top = pl.DataFrame({"key": hit, "count": count[hit].astype(np.uint32),
                             "kernel_ns": total[hit]})

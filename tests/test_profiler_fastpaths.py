@@ -70,7 +70,6 @@ def test_general_paths_give_the_same_answers(tmp_path: Path, seed: int,
     path = build(tmp_path / "x.sqlite", seed)
     fast = snapshot(path)
     assert sum(o is None for o in fast[0]) == 0  # every kernel has an owner
-    monkeypatch.setattr(att_mod, "MAX_RUN_LOOP", 0)  # per-op process codes
     monkeypatch.setattr(att_mod, "CHUNK", 7)  # chunk edges everywhere
     general = snapshot(path)
     assert general[0] == fast[0]

@@ -1,0 +1,259 @@
+"""The per-op loops of attribution and the tables, compiled with numba.
+
+At 10 M kernels every numpy step is an 80 MB temporary and a full pass over memory;
+attribution chained a few dozen of them. Each loop here is one pass that keeps its
+state in registers: the launch join (a direct-address table on (process,
+correlationId)), the innermost-range lookup (a per-thread cursor that gallops forward,
+since a thread's launches come in time order), and the per-group sums of the tables.
+The numpy-level reasoning (why the lookups are right) stays in
+:mod:`agentload.profiler.attribute` and :mod:`agentload.profiler.summary`; these are
+only their inner loops.
+
+numba is imported, and each loop compiled, on its first call (so ``agentload`` commands
+that never attribute do not pay numba's import), and the machine code is cached next to
+this file (``cache=True``): only the first run on a machine compiles (about 3 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+_JIT = {"cache": True, "nogil": True, "boundscheck": False}
+"""nogil: the loops hold no Python objects, so other threads (the dashboard) run on."""
+_HELPERS: list[Callable[..., Any]] = []
+
+
+def _helper(fn: F) -> F:
+    """A function called from compiled loops: compiled (in this module's namespace,
+    where the loops look it up) before the first loop is."""
+    _HELPERS.append(fn)
+    return fn
+
+
+def _compiled(fn: F) -> F:
+    """``fn`` compiled by numba on its first call."""
+    jitted: list[Any] = []
+
+    def call(*args: Any) -> Any:
+        if not jitted:
+            import numba
+
+            for helper in _HELPERS:
+                if not isinstance(globals()[helper.__name__], numba.core.dispatcher.Dispatcher):
+                    globals()[helper.__name__] = numba.njit(**_JIT)(helper)
+            jitted.append(numba.njit(**_JIT)(fn))
+        return jitted[0](*args)
+
+    call.__doc__ = fn.__doc__
+    call.__name__ = fn.__name__
+    return cast(F, call)
+
+
+@_helper
+def _code(keys: U64, value: np.uint64) -> int:
+    """Index of ``value`` in the sorted, distinct ``keys``; -1 when absent."""
+    lo, hi = 0, len(keys)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < len(keys) and keys[lo] == value:
+        return lo
+    return -1
+
+
+@_compiled
+def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
+    """Per process (index into sorted ``procs``) the lowest and highest correlation id
+    (``lo > hi`` for a process without launches); negative ids are skipped."""
+    lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
+    hi = np.full(len(procs), -1, np.int64)
+    last = np.uint64(0)
+    code = -1
+    for i in range(len(proc)):
+        if code < 0 or proc[i] != last:
+            last = proc[i]
+            code = _code(procs, last)
+        c = corr[i]
+        if c < 0 or code < 0:
+            continue
+        lo[code] = min(lo[code], c)
+        hi[code] = max(hi[code], c)
+    return lo, hi
+
+
+@_compiled
+def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
+                      table: I64) -> int:
+    """``table[base[p] + corr - lo[p]] = row`` for each launch (the first of repeated
+    keys wins); returns how many launches repeat a key."""
+    last = np.uint64(0)
+    code = -1
+    dup = 0
+    for i in range(len(proc)):
+        if code < 0 or proc[i] != last:
+            last = proc[i]
+            code = _code(procs, last)
+        c = corr[i]
+        if c < 0 or code < 0:
+            continue
+        slot = base[code] + c - lo[code]
+        if table[slot] >= 0:
+            dup += 1
+        else:
+            table[slot] = i
+    return dup
+
+
+@_compiled
+def launch_rows(proc: U64, corr: I64, procs: U64, lo: I64, size: I64, base: I64,
+                table: I64) -> I64:
+    """Per op its launch row through the table, -1 when none."""
+    out = np.empty(len(proc), np.int64)
+    last = np.uint64(0)
+    code = -1
+    for i in range(len(proc)):
+        if code < 0 or proc[i] != last:
+            last = proc[i]
+            code = _code(procs, last)
+        rel = corr[i] - lo[code] if code >= 0 else -1
+        out[i] = table[base[code] + rel] if 0 <= rel < size[code] else -1
+    return out
+
+
+@_compiled
+def innermost(tid: U64, got: npt.NDArray[np.bool_], threads: U64, n_thr: int,
+              t0: I64, t1: I64, base: int, seg: I64, s_start: I64, s_end: I64,
+              parent_s: I64, order: I64, identity: bool) -> I64:
+    """Per point ``[t0, t1]`` on thread ``tid`` the innermost range holding it (input
+    index, -1: none); ``got`` empty means every point is valid.
+
+    Ranges are sorted by (thread, start, -end); thread ``k``'s are ``seg[k]:seg[k+1]``
+    and ``parent_s`` is in that order. The candidate is the last range started at or
+    before ``t0`` on the thread (found from the thread's previous answer: forward by
+    galloping, backward by bisection), then its parents until one holds the point.
+    """
+    n = len(t0)
+    out = np.empty(n, np.int64)
+    cursor = seg[:n_thr].copy()
+    check = len(got) > 0
+    last = np.uint64(0)
+    code = -1
+    fresh = True
+    for i in range(n):
+        if check and not got[i]:
+            out[i] = -1
+            continue
+        if fresh or tid[i] != last:
+            fresh = False
+            last = tid[i]
+            code = _code(threads, last)
+            if code >= n_thr:
+                code = -1
+        if code < 0:
+            out[i] = -1
+            continue
+        a, b = seg[code], seg[code + 1]
+        x0, x1 = t0[i] - base, t1[i] - base
+        if a == b or s_start[a] > x0:
+            out[i] = -1
+            continue
+        c = cursor[code]
+        if s_start[c] <= x0:  # forward: gallop, then bisect (lo holds, hi does not)
+            lo, step = c, 1
+            while lo + step < b and s_start[lo + step] <= x0:
+                lo += step
+                step <<= 1
+            hi = min(lo + step, b)
+        else:  # backward: s_start[a] <= x0 < s_start[c]
+            lo, hi = a, c
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if s_start[mid] <= x0:
+                lo = mid
+            else:
+                hi = mid
+        cursor[code] = lo
+        p = lo
+        while p >= 0 and (s_end[p] < x1 or s_start[p] > x0):
+            p = parent_s[p]
+        out[i] = p if (p < 0 or identity) else order[p]
+    return out
+
+
+@_compiled
+def group_runs(gid: I64, start: I64) -> tuple[I64, bool, bool]:
+    """Where each run of equal ``gid`` begins; whether ``start`` never decreases within
+    a run; whether the run heads strictly increase (then no key repeats in two runs)."""
+    n = len(gid)
+    first = np.empty(n, np.int64)
+    k = 0
+    ordered = True
+    rising = True
+    for i in range(n):
+        if i == 0 or gid[i] != gid[i - 1]:
+            if i and gid[i] < gid[i - 1]:
+                rising = False
+            first[k] = i
+            k += 1
+        elif start[i] < start[i - 1]:
+            ordered = False
+    return first[:k], ordered, rising
+
+
+@_compiled
+def group_sums(first: I64, start: I64, end: I64, kernel: npt.NDArray[np.bool_]
+               ) -> tuple[I64, I64, I64, I64]:
+    """Per group (rows ``first[g]:first[g+1]``, starts non-decreasing): kernels, summed
+    kernel time, busy (union) time and the latest end. The union is a running maximum
+    of ends: an op adds only the part after everything before it in the group ended."""
+    g_n = len(first)
+    n = len(start)
+    kernels = np.zeros(g_n, np.int64)
+    kernel_ns = np.zeros(g_n, np.int64)
+    busy = np.zeros(g_n, np.int64)
+    last_end = np.empty(g_n, np.int64)
+    for g in range(g_n):
+        a = first[g]
+        b = first[g + 1] if g + 1 < g_n else n
+        reach = start[a]
+        k = 0
+        kns = 0
+        union = 0
+        top = end[a]
+        for i in range(a, b):
+            s, e = start[i], end[i]
+            if kernel[i]:
+                k += 1
+                kns += e - s
+            if e > reach:
+                union += e - max(s, reach)
+                reach = e
+            top = max(top, e)
+        kernels[g] = k
+        kernel_ns[g] = kns
+        busy[g] = union
+        last_end[g] = top
+    return kernels, kernel_ns, busy, last_end
+
+
+@_compiled
+def keyed_sums(key: I64, value: I64, size: int) -> tuple[I64, I64]:
+    """Per key in ``[0, size)``: how many rows, and their summed ``value``."""
+    count = np.zeros(size, np.int64)
+    total = np.zeros(size, np.int64)
+    for i in range(len(key)):
+        count[key[i]] += 1
+        total[key[i]] += value[i]
+    return count, total
