@@ -12,7 +12,7 @@ import typer
 from agentload.profiler.attribute import attribute
 from agentload.profiler.capture import capture
 from agentload.profiler.diff import render_diff
-from agentload.profiler.load import load_profile
+from agentload.profiler.load import load_profiles
 from agentload.profiler.report import write_report
 from agentload.profiler.summary import Level, Summary, summarize
 
@@ -20,8 +20,10 @@ app = typer.Typer(no_args_is_help=True,
                   help="Per-layer GPU kernel attribution from Nsight Systems exports "
                        "(.sqlite, Parquet/Arrow directories) and PyTorch (Kineto) traces.")
 
-FileArg = Annotated[Path, typer.Argument(help="An nsys SQLite export, an nsys parquetdir/"
-                                              "arrowdir export, or a Kineto .json[.gz].")]
+FilesArg = Annotated[list[Path], typer.Argument(
+    metavar="FILE", help="Profiles, one per rank (nsys SQLite exports, nsys parquetdir/"
+                            "arrowdir exports, Kineto .json[.gz], in any mix), merged into "
+                            "one; layers are aligned across ranks in the ranks table.")]
 LevelOpt = Annotated[str, typer.Option(
     "--level", help="innermost: group by the innermost range (vLLM: module path); layer: by "
                     "the enclosing layers.<i> range, inferred from the kernel sequence when "
@@ -34,11 +36,13 @@ InferOpt = Annotated[bool | None, typer.Option(
                                "sequence (default: only at --level layer without layer ranges).")]
 
 
-def _summary(path: Path, level: str, step: str | None, infer: bool | None) -> Summary:
+def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool | None
+             ) -> Summary:
     if level not in ("innermost", "layer"):
         raise typer.BadParameter("--level is innermost or layer")
     lvl: Level = "layer" if level == "layer" else "innermost"
-    return summarize(attribute(load_profile(path)), level=lvl, step_pattern=step, infer=infer)
+    profile = load_profiles([paths] if isinstance(paths, Path) else paths)
+    return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
 
 
 def _us(ns: float) -> str:
@@ -93,7 +97,7 @@ def render_layers(s: Summary, limit: int = 60) -> str:
 
 @app.command("layers")
 def layers_command(
-    file: FileArg,
+    files: FilesArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the layers as JSON.")] = False,
     parquet: Annotated[Path | None, typer.Option(
         "--parquet", help="Write the per-layer table as Parquet (instances beside it).")] = None,
@@ -101,7 +105,7 @@ def layers_command(
     level: LevelOpt = "innermost", step: StepOpt = None, infer: InferOpt = None,
 ) -> None:
     """Per layer: instances, kernels, summed kernel time, busy (union) time, span, gaps."""
-    s = _summary(file, level, step, infer)
+    s = _summary(files, level, step, infer)
     if parquet is not None:
         s.layers.write_parquet(parquet)
         s.instances.write_parquet(parquet.with_name(parquet.stem + ".instances.parquet"))
@@ -115,12 +119,12 @@ def layers_command(
 
 @app.command("steps")
 def steps_command(
-    file: FileArg,
+    files: FilesArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the steps as JSON.")] = False,
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
 ) -> None:
     """Decode-step breakdown: per step its kernels, kernel time, busy time, span, layers."""
-    s = _summary(file, level, step, infer)
+    s = _summary(files, level, step, infer)
     cols = ["pid", "index", "step", "kernels", "memops", "kernel_ns", "busy_ns", "span_ns",
             "layers"]
     if json_out:
@@ -153,12 +157,12 @@ def diff_command(
 
 @app.command("report")
 def report_command(
-    file: FileArg,
+    files: FilesArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
 ) -> None:
     """A self-contained HTML report (plotly embedded, opens offline)."""
-    write_report(_summary(file, level, step, infer), output)
+    write_report(_summary(files, level, step, infer), output)
     typer.echo(f"wrote {output}")
 
 

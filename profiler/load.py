@@ -6,6 +6,7 @@ from pathlib import Path
 
 from agentload.profiler.errors import ProfileError
 from agentload.profiler.kineto import load_kineto
+from agentload.profiler.merge import merge_profiles
 from agentload.profiler.model import Profile
 from agentload.profiler.nsight import load_nsight
 
@@ -42,3 +43,11 @@ def load_profile(path: Path) -> Profile:
     if kind == "kineto":
         return load_kineto(path)
     return load_nsight(path)
+
+
+def load_profiles(paths: list[Path]) -> Profile:
+    """Several profiles (one per rank, any mix of formats) merged into one; see
+    :mod:`agentload.profiler.merge`. One path: exactly :func:`load_profile`."""
+    if len(paths) == 1:
+        return load_profile(paths[0])
+    return merge_profiles([load_profile(p) for p in paths])
