@@ -80,71 +80,6 @@ def _bits(n: int) -> int:
     return max(1, int(n).bit_length())
 
 
-def _parents(s_thr: I64, depth: I64) -> I64:
-    """Per range (in sorted order) the sorted index of its parent, or -1.
-
-    The parent of a range at depth ``d`` is the last range at depth ``d - 1`` before it
-    on its thread. Ranges of one depth, in sorted order, are ``flatnonzero(depth == d)``,
-    so one ``searchsorted`` per level finds them all (nesting is shallow: a few levels).
-    """
-    m = len(depth)
-    parent = np.full(m, -1, np.int64)
-    levels = [np.flatnonzero(depth == d) for d in range(1, int(depth.max(initial=0)) + 1)]
-    for d in range(1, len(levels)):
-        sel, above = levels[d], levels[d - 1]
-        if not len(sel) or not len(above):
-            continue
-        j = np.searchsorted(above, sel, "left") - 1
-        cand = above[np.maximum(j, 0)]
-        parent[sel] = np.where((j >= 0) & (s_thr[cand] == s_thr[sel]), cand, -1)
-    return parent
-
-
-CHUNK = 1 << 16
-"""Points per chunk in the per-op phases: the temporaries (a few 512 kB arrays) stay in
-cache and are recycled by the allocator, instead of a fresh 80 MB array per step at
-10 M ops (first-touch page faults cost as much as the arithmetic)."""
-
-
-def _last_le(hay: I64, needles: I64) -> I64:
-    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, one chunk.
-
-    A binary search per needle is slow (very slow when the needles are out of order:
-    every probe misses the cache). With the needles sorted (they come in order, or are
-    sorted here: a chunk is small) and the haystack values between the first and last
-    needle no more than a few times as many as the needles, the lookup is a merge: those
-    haystack values are searched in the needles, and a running count of them gives
-    each needle's answer.
-    """
-    n = len(needles)
-    if not n:
-        return np.zeros(0, np.int64)
-    ordered = n < 2 or bool((needles[1:] >= needles[:-1]).all())
-    order = None if ordered else np.argsort(needles)
-    c = needles if order is None else needles[order]
-    lo = int(np.searchsorted(hay, c[0], "left"))
-    hi = int(np.searchsorted(hay, c[-1], "right"))
-    if hi - lo > 4 * n:
-        out = np.searchsorted(hay, c, "right") - 1
-    else:
-        # hay[i] <= c[j]  <=>  j >= (number of needles < hay[i]); all hay[lo:hi] <= c[-1]
-        out = np.cumsum(np.bincount(np.searchsorted(c, hay[lo:hi], "left"), minlength=n))
-        out += lo - 1
-    if order is None:
-        return out
-    res = np.empty(n, np.int64)
-    res[order] = out
-    return res
-
-
-def last_at_or_before(hay: I64, needles: I64) -> I64:
-    """``searchsorted(hay, needles, "right") - 1`` for sorted ``hay``, any ``needles``."""
-    out = np.empty(len(needles), np.int64)
-    for a in range(0, len(needles), CHUNK):
-        out[a:a + CHUNK] = _last_le(hay, needles[a:a + CHUNK])
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class RangeIndex:
     """One thread-set's ranges, sorted by (thread, start), ready for point lookups."""
@@ -194,19 +129,13 @@ def index_ranges(r_thr: I64, r_start: I64, r_end: I64, top_time: int
         skey = (s_thr << time_bits) | s_start
     del key0
     ekey = np.sort((r_thr << time_bits) | r_end)
-    pos = np.arange(m, dtype=np.int64)
     # Where each thread's starts and ends begin: one lookup per thread, not per event.
     thr_keys = np.arange(n_thr + 1, dtype=np.int64) << time_bits
     thr_first_s = np.searchsorted(skey, thr_keys, "left")
     thr_first_e = np.searchsorted(ekey, thr_keys, "left")
-    depth = (pos - thr_first_s[s_thr] + 1) - (last_at_or_before(ekey, skey) + 1
-                                              - thr_first_e[s_thr])
-    depth = np.maximum(depth, 1)
-    del ekey, pos
-    parent_s = _parents(s_thr, depth)
-    pc = np.maximum(parent_s, 0)
-    not_nested = int(((parent_s >= 0) & (s_end[pc] < s_end)).sum())
-    del pc
+    depth, parent_s, not_nested = compiled.nesting(s_thr, skey, ekey, thr_first_s,
+                                                   thr_first_e, s_end)
+    del ekey
     if identity:
         parent, depth_out = parent_s, depth
     else:
@@ -301,6 +230,11 @@ def distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.unique(_runs(values)[1])
 
 
+DENSE_SLACK = 1_000_000
+"""Correlation-id tables up to 4x the launches plus this many slots are direct-address;
+sparser keys are hash-joined."""
+
+
 def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     """Per op the row of its launch on (process, correlationId), -1 when none; and how
     many launches repeat a key.
@@ -320,7 +254,7 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     size = np.maximum(hi - lo + 1, 0)
     base = np.cumsum(size) - size
     total = int(size.sum())
-    if total > 4 * launches.height + 1_000_000:
+    if total > 4 * launches.height + DENSE_SLACK:
         keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
         first = keyed.unique(["proc", "correlation"], keep="first")
         hit = ops.select("proc", "correlation").with_row_index("op").join(
@@ -358,24 +292,21 @@ def attribute(profile: Profile) -> Attribution:
     if dup:
         notes.append(f"{dup:,} runtime calls repeat a (process, correlationId) pair; the "
                      "first is used")
-    got = idx >= 0
-    all_got = bool(got.all())
-    take = idx if all_got else np.maximum(idx, 0)
-    del idx
     if launches.height:
-        l_tid = launches["tid"].fill_null(0).to_numpy()
-        tid = l_tid[take]
-        t0 = ints(launches["start"], 0)[take]
-        t1 = ints(launches["end"], 0)[take]
+        tid, t0, t1, missing = compiled.gather_launches(
+            idx, launches["tid"].fill_null(0).to_numpy(), ints(launches["start"], 0),
+            ints(launches["end"], 0))
     else:
-        l_tid = np.zeros(0, np.uint64)
         tid, t0, t1 = np.zeros(n, np.uint64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+        missing = n
+    all_got = not missing
+    got = idx >= 0
     via = np.where(got, VIA_CODES["launch"], VIA_CODES["none"]).astype(np.uint8) \
         if not all_got else np.zeros(n, np.uint8)
     graph_launch_ids = profile.strings.filter(
         pl.col("value").str.contains("GraphLaunch"))["id"].to_numpy()
     if len(graph_launch_ids) and launches.height:
-        replay = np.isin(ints(launches["name_id"]), graph_launch_ids)[take] & got
+        replay = np.isin(ints(launches["name_id"]), graph_launch_ids)[np.maximum(idx, 0)] & got
         if replay.any():
             kind = ops["kind"].to_physical().to_numpy()
             replay &= kind != OP_KINDS.index("graph")
@@ -410,7 +341,7 @@ def attribute(profile: Profile) -> Attribution:
                      "the capture, or CUDA API tracing off) and are unattributed")
 
     usable = ranges.filter(~pl.col("is_output") & (pl.col("end") > pl.col("start")))
-    owner = np.full(n, -1, np.int64)
+    owner: I64 | None = None
     parent = np.full(ranges.height, -1, np.int64)
     depth = np.zeros(ranges.height, np.int64)
     not_nested = 0
@@ -445,9 +376,9 @@ def attribute(profile: Profile) -> Attribution:
             got_r = index.owners(tid, mask, threads, t0, t1, base)
             if part_idx is not None:
                 got_r = np.where(got_r >= 0, part_idx[np.maximum(got_r, 0)], -1)
-            if len(parts) == 1:
+            if owner is None:
                 owner = got_r
-                break
+                continue
             # Inner of the two styles' answers: the one that started later.
             own_start = np.where(got_r >= 0, r_start_of(got_r), -1)
             better = (got_r >= 0) & (own_start > np.where(owner >= 0, r_start_of(owner), -1))
@@ -456,6 +387,8 @@ def attribute(profile: Profile) -> Attribution:
         notes.append(f"{not_nested:,} ranges overlap their enclosing range without nesting "
                      "(async start/end ranges): ops inside them go to a range that contains "
                      "their launch, not always the innermost")
+    if owner is None:
+        owner = np.full(n, -1, np.int64)
     valid = None if all_got else got
     owned = owner >= 0
     ops = ops.with_columns(

@@ -193,67 +193,150 @@ def innermost(tid: U64, got: npt.NDArray[np.bool_], threads: U64, n_thr: int,
 
 
 @_compiled
-def group_runs(gid: I64, start: I64) -> tuple[I64, bool, bool]:
-    """Where each run of equal ``gid`` begins; whether ``start`` never decreases within
-    a run; whether the run heads strictly increase (then no key repeats in two runs)."""
+def run_groups(gid: I64, start: I64, end: I64, kernel: npt.NDArray[np.bool_], want_g: bool
+               ) -> tuple[I64, I64, I64, I64, I64, I64, bool, bool]:
+    """The runs of equal ``gid`` as groups, in one pass: where each begins, its kernels,
+    summed kernel time, busy (union) time and latest end, and (``want_g``) each row's
+    run number; then whether ``start`` never decreases within a run (else the sums are
+    not valid: the caller sorts) and whether the run keys strictly increase.
+
+    The union is a running maximum of ends: an op adds only the part after everything
+    before it in the group ended (valid when starts do not decrease)."""
     n = len(gid)
     first = np.empty(n, np.int64)
-    k = 0
+    kernels = np.empty(n, np.int64)
+    kernel_ns = np.empty(n, np.int64)
+    busy = np.empty(n, np.int64)
+    last_end = np.empty(n, np.int64)
+    g = np.empty(n if want_g else 0, np.int64)
     ordered = True
     rising = True
+    k = -1
+    reach = 0
     for i in range(n):
+        s, e = start[i], end[i]
         if i == 0 or gid[i] != gid[i - 1]:
             if i and gid[i] < gid[i - 1]:
                 rising = False
-            first[k] = i
             k += 1
-        elif start[i] < start[i - 1]:
+            first[k] = i
+            kernels[k] = 0
+            kernel_ns[k] = 0
+            busy[k] = 0
+            last_end[k] = e
+            reach = s
+        elif s < start[i - 1]:
             ordered = False
-    return first[:k], ordered, rising
+        if kernel[i]:
+            kernels[k] += 1
+            kernel_ns[k] += e - s
+        if e > reach:
+            busy[k] += e - max(s, reach)
+            reach = e
+        last_end[k] = max(last_end[k], e)
+        if want_g:
+            g[i] = k
+    k += 1
+    return (first[:k], kernels[:k], kernel_ns[:k], busy[:k], last_end[:k], g, ordered,
+            rising)
 
 
 @_compiled
-def group_sums(first: I64, start: I64, end: I64, kernel: npt.NDArray[np.bool_]
-               ) -> tuple[I64, I64, I64, I64]:
-    """Per group (rows ``first[g]:first[g+1]``, starts non-decreasing): kernels, summed
-    kernel time, busy (union) time and the latest end. The union is a running maximum
-    of ends: an op adds only the part after everything before it in the group ended."""
-    g_n = len(first)
-    n = len(start)
-    kernels = np.zeros(g_n, np.int64)
-    kernel_ns = np.zeros(g_n, np.int64)
-    busy = np.zeros(g_n, np.int64)
-    last_end = np.empty(g_n, np.int64)
-    for g in range(g_n):
-        a = first[g]
-        b = first[g + 1] if g + 1 < g_n else n
-        reach = start[a]
-        k = 0
-        kns = 0
-        union = 0
-        top = end[a]
-        for i in range(a, b):
-            s, e = start[i], end[i]
-            if kernel[i]:
-                k += 1
-                kns += e - s
-            if e > reach:
-                union += e - max(s, reach)
-                reach = e
-            top = max(top, e)
-        kernels[g] = k
-        kernel_ns[g] = kns
-        busy[g] = union
-        last_end[g] = top
-    return kernels, kernel_ns, busy, last_end
-
-
-@_compiled
-def keyed_sums(key: I64, value: I64, size: int) -> tuple[I64, I64]:
-    """Per key in ``[0, size)``: how many rows, and their summed ``value``."""
+def kernel_totals(g: I64, code_of_g: I64, name_id: I64, start: I64, end: I64,
+                  kernel: npt.NDArray[np.bool_], width: int, size: int) -> tuple[I64, I64]:
+    """Per key ``code_of_g[g] * width + name_id + 1`` (kernel rows only): how many
+    kernels, and their summed duration."""
     count = np.zeros(size, np.int64)
     total = np.zeros(size, np.int64)
-    for i in range(len(key)):
-        count[key[i]] += 1
-        total[key[i]] += value[i]
+    for i in range(len(g)):
+        if kernel[i]:
+            k = code_of_g[g[i]] * width + name_id[i] + 1
+            count[k] += 1
+            total[k] += end[i] - start[i]
     return count, total
+
+
+@_compiled
+def nesting(s_thr: I64, skey: I64, ekey: I64, thr_first_s: I64, thr_first_e: I64,
+            s_end: I64) -> tuple[I64, I64, int]:
+    """Per range (sorted by (thread, start, -end); ``skey``/``ekey``: the packed
+    (thread, start) keys in that order and the sorted packed (thread, end) keys) its
+    depth, its parent's sorted index (-1) and how many ranges outlive their parent.
+
+    Depth = ranges started on the thread so far (itself included) - ranges ended at or
+    before its start: the ranges open when it starts. The parent is the last range one
+    level up started before it on its thread.
+    """
+    m = len(skey)
+    depth = np.empty(m, np.int64)
+    parent = np.empty(m, np.int64)
+    last_at = np.full(m + 2, -1, np.int64)  # per depth: the last range started there
+    last_thr = np.full(m + 2, -1, np.int64)  # ... and its thread
+    ended = 0
+    not_nested = 0
+    for i in range(m):
+        t = s_thr[i]
+        while ended < len(ekey) and ekey[ended] <= skey[i]:
+            ended += 1
+        d = max((i - thr_first_s[t] + 1) - (ended - thr_first_e[t]), 1)
+        depth[i] = d
+        p = last_at[d - 1] if d > 1 and last_thr[d - 1] == t else -1
+        parent[i] = p
+        if p >= 0 and s_end[p] < s_end[i]:
+            not_nested += 1
+        last_at[d] = i
+        last_thr[d] = t
+    return depth, parent, not_nested
+
+
+@_compiled
+def count_unkeyed(key: I64, replay: I64, odd_is_replay: bool) -> int:
+    """Rows whose group key is not a global range index on its own: no range (< 0), a
+    graph replay (``replay >= 0``; ``replay`` empty: none), or, with ``odd_is_replay``,
+    an odd key (step keys: ``2 * step`` or ``2 * replay + 1``)."""
+    check = len(replay) > 0
+    bad = 0
+    for i in range(len(key)):
+        k = key[i]
+        if k < 0 or (check and replay[i] >= 0) or (odd_is_replay and k & 1):
+            bad += 1
+    return bad
+
+
+@_compiled
+def repeats_a_key(heads: I64) -> bool:
+    """Whether any value occurs twice in ``heads`` (non-negative ints, mostly below a
+    few times their count: a seen-table; else a sort)."""
+    if not len(heads):
+        return False
+    top = heads.max()
+    if heads.min() < 0 or top > 8 * len(heads) + 1024:
+        s = np.sort(heads)
+        return bool((s[1:] == s[:-1]).any())
+    seen = np.zeros(top + 1, np.bool_)
+    for v in heads:
+        if seen[v]:
+            return True
+        seen[v] = True
+    return False
+
+
+@_compiled
+def gather_launches(rows: I64, tid: U64, start: I64, end: I64
+                    ) -> tuple[U64, I64, I64, int]:
+    """Per op its launch's thread, start and end (0 where ``rows`` is -1), and how
+    many ops have no launch."""
+    n = len(rows)
+    o_tid = np.zeros(n, np.uint64)
+    o_start = np.zeros(n, np.int64)
+    o_end = np.zeros(n, np.int64)
+    missing = 0
+    for i in range(n):
+        r = rows[i]
+        if r < 0:
+            missing += 1
+            continue
+        o_tid[i] = tid[r]
+        o_start[i] = start[r]
+        o_end[i] = end[r]
+    return o_tid, o_start, o_end, missing

@@ -90,6 +90,7 @@ def _root(parent: npt.NDArray[np.int64], depth: npt.NDArray[np.int64]) -> npt.ND
     return _ancestor(depth == 1, parent, depth)
 
 
+NO_REPLAY = np.zeros(0, np.int64)
 Cols = dict[str, npt.NDArray[Any]]
 """Per-op columns as numpy arrays (10 M ops: no per-op polars frames are built)."""
 
@@ -141,7 +142,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         "proc": ops["proc"].fill_null(0).to_numpy(), "start": ints(ops["start"], 0),
         "end": ints(ops["end"], 0), "name_id": ints(ops["name_id"]),
         "launch_start": ints(ops["launch_start"], 0), "inst": inst,
-        "kernel": np.isin(kind, kernel_codes)}
+        "kernel": _any_equal(kind, kernel_codes)}
     graph_node, graph_launch = VIA_CODES["graph-node"], VIA_CODES["graph-launch"]
     if bool(((via == graph_node) | (via == graph_launch)).any()):
         # Replayed graph kernels mapped to capture-time ranges: each replay is its own
@@ -169,7 +170,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     steps = _steps(cols, instances, ranges)
     ranks = _ranks(layers)
     names = att.profile.strings.select(pl.col("id").alias("name_id"), kernel="value")
-    top = _top_kernels(cols, instances, names)
+    top = _top_kernels(cols, instances, layers, names)
     sequences = _sequences(cols, instances, names)
     return Summary(instances=instances, layers=layers, types=types, steps=steps, ranks=ranks,
                    top_kernels=top, sequences=sequences, notes=tuple(notes),
@@ -219,6 +220,14 @@ def _infer_layers(cols: Cols) -> tuple[Cols, str | None]:
 IS_KERNEL_KINDS = ("kernel", "graph")
 
 
+def _any_equal(values: npt.NDArray[Any], codes: list[int]) -> npt.NDArray[np.bool_]:
+    """``isin`` for a few codes (numpy's ``isin`` sorts 10 M values)."""
+    out: npt.NDArray[np.bool_] = values == codes[0]
+    for c in codes[1:]:
+        out |= values == c
+    return out
+
+
 def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
     """One int64 per row, equal exactly when the ``keys`` are equal (not dense).
 
@@ -228,14 +237,15 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
     """
     if keys == ["proc", "inst", "replay"]:
         key = cols["inst"]
-        simple = (cols["replay"] < 0) & (key >= 0)
-        if "block" in cols:  # inferred instances: keys built from step ids
-            simple[:] = False
+        # inferred instances: keys built from step ids, always folded with the process
+        if "block" not in cols and not compiled.count_unkeyed(key, cols["replay"], False):
+            return key
+        simple = (cols["replay"] < 0) & (key >= 0) & ("block" not in cols)
     else:
         key = cols["step_key"]
-        simple = (key >= 0) & (key % 2 == 0)  # a step range, not a graph replay
-    if bool(simple.all()):
-        return key
+        if not compiled.count_unkeyed(key, NO_REPLAY, True):
+            return key
+        simple = (key >= 0) & ((key & 1) == 0)  # a step range, not a graph replay
     out = key.copy()
     rest = np.flatnonzero(~simple)
     sub = pl.DataFrame({k: cols[k][rest] for k in keys})
@@ -261,34 +271,26 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
         return zero, {"first": zero, "kernels": zero, "memops": zero, "kernel_ns": zero,
                       "busy_ns": zero, "start": zero, "span_ns": zero}
     gid = _group_ids(cols, keys)
-    start0, end0 = cols["start"], cols["end"]
-    first, ordered, rising = compiled.group_runs(gid, start0)
-    runs_are_groups = ordered and (rising or len(np.unique(gid[first])) == len(first))
-    if runs_are_groups:
-        order = None
-        start, end, kernel = start0, end0, cols["kernel"]
-        first_orig = first
-    else:
+    start, end, kernel = cols["start"], cols["end"], cols["kernel"]
+    first, kernels, kernel_ns, busy, gmax, g, ordered, rising = compiled.run_groups(
+        gid, start, end, kernel, want_g)
+    if not (ordered and (rising or not compiled.repeats_a_key(gid[first]))):
         # Two stable sorts (start, then group): both inputs are made of long presorted
         # runs, which timsort merges in near-linear time.
-        by_start = np.argsort(start0, kind="stable")
+        by_start = np.argsort(start, kind="stable")
         order = by_start[np.argsort(gid[by_start], kind="stable")]
         del by_start
-        first, _, _ = compiled.group_runs(gid[order], start0[order])
-        start, end, kernel = start0[order], end0[order], cols["kernel"][order]
-        first_orig = order[first]
-    del gid
-    kernels, kernel_ns, busy, gmax = compiled.group_sums(first, start, end, kernel)
-    gmin = start[first]
-    if want_g:
-        sizes = np.diff(np.append(first, n))
-        g = np.repeat(np.arange(len(first), dtype=np.int64), sizes)
-        if order is not None:
+        start = start[order]
+        first, kernels, kernel_ns, busy, gmax, g, _, _ = compiled.run_groups(
+            gid[order], start, end[order], kernel[order], want_g)
+        if want_g:
             g_orig = np.empty(n, np.int64)
             g_orig[order] = g
             g = g_orig
+        first_orig = order[first]
     else:
-        g = np.zeros(0, np.int64)
+        first_orig = first
+    gmin = start[first]
     return g, {
         "first": first_orig, "kernels": kernels,
         "memops": np.diff(np.append(first, n)) - kernels, "kernel_ns": kernel_ns,
@@ -410,34 +412,36 @@ DENSE_KEYS = 1 << 24
 """Up to this many (label, kernel name) pairs are counted in a dense table (bincount)."""
 
 
-def _top_kernels(cols: Cols, instances: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+def _top_kernels(cols: Cols, instances: pl.DataFrame, layers: pl.DataFrame,
+                 names: pl.DataFrame) -> pl.DataFrame:
     """Per (pid, layer name): the five kernels with the most summed time."""
-    # instances is sorted differently from the group ids: map g -> (pid, name) code.
-    inst = instances.select("g", "pid", "name").with_columns(
-        code=pl.struct("pid", "name").rank("dense").cast(pl.Int64) - 1).sort("g")
-    code_of_g = inst["code"].to_numpy()
-    kernel = cols["kernel"]
-    every = bool(kernel.all())
-    g = cols["g"] if every else cols["g"][kernel]
-    name = cols["name_id"] if every else cols["name_id"][kernel]
-    dur = cols["end"] - cols["start"]
-    if not every:
-        dur = dur[kernel]
+    # Each group g belongs to one row of ``layers`` (its code): g -> code by a scatter.
+    coded = instances.select("g", "proc", "name").join(
+        layers.select("proc", "name").with_row_index("code"), on=["proc", "name"],
+        how="left")
+    code_of_g = np.zeros(instances.height, np.int64)
+    code_of_g[coded["g"].to_numpy()] = coded["code"].cast(pl.Int64).to_numpy()
+    name = cols["name_id"]
     width = int(name.max(initial=0)) + 2
-    key = code_of_g[g] * width + name + 1
-    n_codes = int(code_of_g.max(initial=-1)) + 1
+    n_codes = layers.height
     if n_codes * width <= DENSE_KEYS:
         # A dense table: one pass, no hashing of 10 M keys.
-        count, total = compiled.keyed_sums(key, dur, n_codes * width)
+        count, total = compiled.kernel_totals(cols["g"], code_of_g, name, cols["start"],
+                                              cols["end"], cols["kernel"], width,
+                                              n_codes * width)
         hit = np.flatnonzero(count)
         top = pl.DataFrame({"key": hit, "count": count[hit].astype(np.uint32),
                             "kernel_ns": total[hit]})
     else:
+        kernel = cols["kernel"]
+        key = code_of_g[cols["g"][kernel]] * width + name[kernel] + 1
+        dur = (cols["end"] - cols["start"])[kernel]
         top = pl.DataFrame({"key": key, "dur": dur}).group_by("key").agg(
             count=pl.len(), kernel_ns=pl.col("dur").sum())
     top = top.with_columns(code=pl.col("key") // width,
                            name_id=pl.col("key") % width - 1).join(
-        inst.select("code", "pid", label="name").unique("code"), on="code", how="left")
+        layers.select("pid", label="name").with_row_index("code").with_columns(
+            pl.col("code").cast(pl.Int64)), on="code", how="left")
     top = top.join(names, on="name_id", how="left").with_columns(
         kernel=pl.col("kernel").fill_null("?").map_elements(
             short_kernel_name, return_dtype=pl.String))

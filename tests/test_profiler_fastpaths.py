@@ -64,16 +64,33 @@ def snapshot(path: Path) -> tuple[list[int | None], pl.DataFrame, pl.DataFrame]:
         "pid", "step", "kernels", "kernel_ns", "busy_ns", "span_ns").sort("pid", "step", "span_ns")
 
 
+def _named(att_ranges: pl.DataFrame, owner: list[int | None]) -> list[tuple[str, int] | None]:
+    """Owners as (name, start): range row numbers change when the ranges are reordered."""
+    rows = att_ranges.select("name", "start").rows()
+    return [None if o is None else rows[o] for o in owner]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_general_paths_give_the_same_answers(tmp_path: Path, seed: int,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash join instead of the correlation-id table, and ranges out of order (the
+    sorting path of the range index): same owners, same tables."""
     path = build(tmp_path / "x.sqlite", seed)
     fast = snapshot(path)
     assert sum(o is None for o in fast[0]) == 0  # every kernel has an owner
-    monkeypatch.setattr(att_mod, "CHUNK", 7)  # chunk edges everywhere
+    monkeypatch.setattr(att_mod, "DENSE_SLACK", -10**9)  # always the hash join
     general = snapshot(path)
     assert general[0] == fast[0]
     assert general[1].equals(fast[1]) and general[2].equals(fast[2])
+    prof = load_profile(path)
+    perm = np.random.default_rng(seed).permutation(prof.ranges.height)
+    att = attribute(dataclasses.replace(prof, ranges=prof.ranges[perm]))
+    owner = att.ops.sort("proc", "correlation", "start")["range"].to_list()
+    want_att = attribute(prof)
+    want = want_att.ops.sort("proc", "correlation", "start")["range"].to_list()
+    assert _named(att.ranges, owner) == _named(want_att.ranges, want)
+    layers = summarize(att, level="layer").layers.select(fast[1].columns).sort("pid", "name")
+    assert layers.equals(fast[1])
 
 
 def test_shuffled_ops_take_the_sorting_paths(tmp_path: Path) -> None:
