@@ -400,10 +400,12 @@ def _steps(cols: Cols, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.Data
 def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
     """Layers aligned across ranks (processes): per-instance kernel time per rank, skew."""
     per = layers.with_columns(per_inst=pl.col("kernel_ns") / pl.col("instances"))
+    # A rank is a process (``proc``): merged per-rank files may share an OS pid.
+    by = ["pid", "proc"]
     return per.group_by("name").agg(
-        ranks=pl.col("pid").n_unique(), pids=pl.col("pid").sort(),
-        kernels_per_inst=(pl.col("kernels") / pl.col("instances")).sort_by("pid"),
-        kernel_ns_per_inst=pl.col("per_inst").sort_by("pid"),
+        ranks=pl.col("proc").n_unique(), pids=pl.col("pid").sort_by(by),
+        kernels_per_inst=(pl.col("kernels") / pl.col("instances")).sort_by(by),
+        kernel_ns_per_inst=pl.col("per_inst").sort_by(by),
         skew_ns=pl.col("per_inst").max() - pl.col("per_inst").min(),
         first=pl.col("pid").min()).sort("name").drop("first")
 
@@ -440,14 +442,15 @@ def _top_kernels(cols: Cols, instances: pl.DataFrame, layers: pl.DataFrame,
             count=pl.len(), kernel_ns=pl.col("dur").sum())
     top = top.with_columns(code=pl.col("key") // width,
                            name_id=pl.col("key") % width - 1).join(
-        layers.select("pid", label="name").with_row_index("code").with_columns(
+        layers.select("proc", "pid", label="name").with_row_index("code").with_columns(
             pl.col("code").cast(pl.Int64)), on="code", how="left")
     top = top.join(names, on="name_id", how="left").with_columns(
         kernel=pl.col("kernel").fill_null("?").map_elements(
             short_kernel_name, return_dtype=pl.String))
-    return top.sort(["pid", "label", "kernel_ns"], descending=[False, False, True]).with_columns(
-        rank=pl.int_range(pl.len()).over("pid", "label")).filter(pl.col("rank") < 5).select(
-        "pid", "label", "name_id", "count", "kernel_ns", "kernel", "rank")
+    return top.sort(["pid", "proc", "label", "kernel_ns"],
+                    descending=[False, False, False, True]).with_columns(
+        rank=pl.int_range(pl.len()).over("proc", "label")).filter(pl.col("rank") < 5).select(
+        "pid", "proc", "label", "name_id", "count", "kernel_ns", "kernel", "rank")
 
 
 SEQUENCE_SAMPLE = 64
@@ -455,19 +458,21 @@ SEQUENCE_SAMPLE = 64
 
 
 def _sequences(cols: Cols, instances: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
-    """Per (pid, layer type): the most common kernel sequence of one instance."""
-    sample = instances.sort("start").group_by("pid", "type", maintain_order=True).head(
-        SEQUENCE_SAMPLE).select("g", "pid", "type")
+    """Per rank (``proc``, with its ``pid``) and layer type: the most common kernel
+    sequence of one instance, among the first instances of that type."""
+    # instances are sorted by (proc, start): the head of each group is its earliest.
+    keys = ["proc", "pid", "type"]
+    sample = instances.group_by(keys, maintain_order=True).head(
+        SEQUENCE_SAMPLE).select("g", *keys)
     mask = np.zeros(instances.height, bool)
     mask[sample["g"].to_numpy()] = True
     rows = np.flatnonzero(mask[cols["g"]])
     ops = _heads(cols, ["g", "name_id", "launch_start", "start"], rows).join(sample, on="g")
     seq = ops.sort("g", "launch_start", "start").group_by(
-        "pid", "type", "g", maintain_order=True).agg(
-        seq=pl.col("name_id"))
-    common = seq.group_by("pid", "type", "seq").agg(n=pl.len()).sort(
-        ["pid", "type", "n"], descending=[False, False, True]).unique(
-        ["pid", "type"], keep="first", maintain_order=True)
+        *keys, "g", maintain_order=True).agg(seq=pl.col("name_id"))
+    common = seq.group_by(*keys, "seq").agg(n=pl.len()).sort(
+        [*keys, "n"], descending=[False, False, False, True]).unique(
+        keys, keep="first", maintain_order=True)
     lookup = dict(zip(names["name_id"].to_list(), names["kernel"].to_list(), strict=True))
     short: dict[int, str] = {}
 

@@ -153,9 +153,6 @@ def test_same_pid_strings_map_to_each_files_names(ranks_same_pid: tuple[Path, Pa
     assert sorted(ranks["kernel_ns_per_inst"]) == [15.0 * US, 28.0 * US]
 
 
-@pytest.mark.xfail(strict=True, reason="summary._ranks counts ranks as distinct pids "
-                   "(pl.col('pid').n_unique()), not distinct procs, so two files that are "
-                   "both pid 1 count as one rank; needs that change in profiler/summary.py")
 def test_same_pid_ranks_table_counts_two_ranks(ranks_same_pid: tuple[Path, Path]) -> None:
     s = summary(list(ranks_same_pid))
     for layer in ("model.layers.0", "model.layers.1"):
