@@ -340,3 +340,62 @@ def gather_launches(rows: I64, tid: U64, start: I64, end: I64
         o_start[i] = start[r]
         o_end[i] = end[r]
     return o_tid, o_start, o_end, missing
+
+
+@_compiled
+def nearest_flagged(flag: npt.NDArray[np.bool_], parent: I64, depth: I64) -> I64:
+    """Per range: itself if flagged, else its nearest flagged ancestor, else -1 (ranges
+    of depth < 1, unusable ones, get -1). Ranges are visited by depth (a counting
+    sort), so a parent's answer is ready before its children's."""
+    m = len(flag)
+    out = np.full(m, -1, np.int64)
+    if not m:
+        return out
+    top = max(depth.max(), 0)
+    count = np.zeros(top + 2, np.int64)
+    for i in range(m):
+        if depth[i] >= 1:
+            count[depth[i] + 1] += 1
+    for d in range(1, top + 2):
+        count[d] += count[d - 1]
+    order = np.empty(count[top + 1], np.int64)
+    for i in range(m):
+        d = depth[i]
+        if d >= 1:
+            order[count[d]] = i
+            count[d] += 1
+    for i in order:
+        if flag[i]:
+            out[i] = i
+        elif parent[i] >= 0:
+            out[i] = out[parent[i]]
+    return out
+
+
+@_compiled
+def range_lookups(rng: I64, step_of: I64, layer_anc: I64) -> tuple[I64, I64, I64, bool]:
+    """Per op (``rng``: its range, -1: none) its step range and step key (``2 *
+    step``), and its instance at layer level (the enclosing layer, else the range
+    itself); and whether any op lies in a layer."""
+    n = len(rng)
+    step = np.empty(n, np.int64)
+    step_key = np.empty(n, np.int64)
+    inst = np.empty(n, np.int64)
+    layered = False
+    for i in range(n):
+        r = rng[i]
+        if r < 0:
+            step[i] = -1
+            step_key[i] = -2
+            inst[i] = -1
+            continue
+        s = step_of[r]
+        step[i] = s
+        step_key[i] = 2 * s
+        a = layer_anc[r]
+        if a >= 0:
+            inst[i] = a
+            layered = True
+        else:
+            inst[i] = r
+    return step, step_key, inst, layered

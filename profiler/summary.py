@@ -75,15 +75,7 @@ def short_kernel_name(name: str) -> str:
 def _ancestor(flag: npt.NDArray[np.bool_], parent: npt.NDArray[np.int64],
               depth: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Per range: itself if flagged, else its nearest flagged ancestor, else -1."""
-    out = np.full(len(flag), -1, np.int64)
-    if not len(flag):
-        return out
-    for d in range(1, int(depth.max()) + 1):
-        sel = np.flatnonzero(depth == d)
-        up = parent[sel]
-        inherited = np.where(up >= 0, out[np.maximum(up, 0)], -1)
-        out[sel] = np.where(flag[sel], sel, inherited)
-    return out
+    return compiled.nearest_flagged(flag, parent, depth)
 
 
 def _root(parent: npt.NDArray[np.int64], depth: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -112,29 +104,16 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     ops = att.ops
     n = ops.height
     rng = ints(ops["range"])
-    all_owned = ops["range"].null_count() == 0
-    rc = rng if all_owned else np.maximum(rng, 0)
-    has = None if all_owned else rng >= 0
-
-    def per_op(table: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``table[range]`` per op, -1 for ops without a range (gathered once)."""
-        if not len(table):
-            return np.full(n, -1, np.int64)
-        out: npt.NDArray[np.int64] = table[rc]
-        if has is not None:
-            out[~has] = -1
-        return out
-
-    step = per_op(step_of)
-    layer_anc = _ancestor(is_layer, parent, depth) if len(is_layer) else np.zeros(0, np.int64)
-    owned_layer_any = bool((layer_anc >= 0).any()) and bool(
-        (per_op(layer_anc) >= 0).any()) if len(layer_anc) else False
+    layer_anc = _ancestor(is_layer, parent, depth)
+    if len(step_of):
+        # One pass: every per-op value that comes from the op's range.
+        step, step_key, layer_inst, owned_layer_any = compiled.range_lookups(
+            rng, step_of, layer_anc)
+    else:  # no ranges: nothing is owned
+        step = step_key = layer_inst = np.full(n, -1, np.int64)
+        owned_layer_any = False
     do_infer = infer if infer is not None else (level == "layer" and not owned_layer_any)
-    if level == "layer" and not do_infer:
-        # Per range: its enclosing layer, else itself; then one gather per op.
-        inst = per_op(np.where(layer_anc >= 0, layer_anc, np.arange(len(layer_anc))))
-    else:
-        inst = rng
+    inst = layer_inst if level == "layer" and not do_infer else rng
     via = ops["via"].to_physical().to_numpy()
     kind = ops["kind"].to_physical().to_numpy()
     kernel_codes = [OP_KINDS.index(k) for k in IS_KERNEL_KINDS]
@@ -153,10 +132,10 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         cols.update(
             replay=np.where(node_mapped, replay, -1),
             # Graph replays are steps of their own when no step range encloses the call.
-            step_key=np.where(graph_replay, replay * 2 + 1, step * 2),
+            step_key=np.where(graph_replay, replay * 2 + 1, step_key),
             step_range=step, graph_step=graph_replay)
     else:  # the common case: no graph replays, nothing per op to compute
-        cols.update(replay=np.full(n, -1, np.int64), step_key=step * 2, step_range=step,
+        cols.update(replay=NO_REPLAY, step_key=step_key, step_range=step,
                     graph_step=np.zeros(n, bool))
     inferred = False
     if do_infer:
@@ -180,7 +159,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
 
 def _infer_layers(cols: Cols) -> tuple[Cols, str | None]:
     """Split each step (step range, or graph replay) into inferred layers."""
-    frame = pl.DataFrame({k: pl.Series(v) for k, v in cols.items()}).sort(
+    frame = pl.DataFrame({k: pl.Series(_column(cols, k)) for k in cols}).sort(
         "proc", "step_key", "launch_start", "start")
     cols = {k: frame[k].to_numpy() for k in frame.columns}
     seq_ids = cols["name_id"]
@@ -228,6 +207,15 @@ def _any_equal(values: npt.NDArray[Any], codes: list[int]) -> npt.NDArray[np.boo
     return out
 
 
+def _column(cols: Cols, name: str) -> npt.NDArray[Any]:
+    """``cols[name]`` per row; ``replay`` is kept empty when no op is a graph replay (an
+    80 MB array of -1 saved) and is filled here for the rare code that needs it."""
+    values = cols[name]
+    if name == "replay" and not len(values):
+        return np.full(len(cols["start"]), -1, np.int64)
+    return values
+
+
 def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
     """One int64 per row, equal exactly when the ``keys`` are equal (not dense).
 
@@ -240,7 +228,7 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
         # inferred instances: keys built from step ids, always folded with the process
         if "block" not in cols and not compiled.count_unkeyed(key, cols["replay"], False):
             return key
-        simple = (cols["replay"] < 0) & (key >= 0) & ("block" not in cols)
+        simple = (_column(cols, "replay") < 0) & (key >= 0) & ("block" not in cols)
     else:
         key = cols["step_key"]
         if not compiled.count_unkeyed(key, NO_REPLAY, True):
@@ -248,7 +236,7 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
         simple = (key >= 0) & ((key & 1) == 0)  # a step range, not a graph replay
     out = key.copy()
     rest = np.flatnonzero(~simple)
-    sub = pl.DataFrame({k: cols[k][rest] for k in keys})
+    sub = pl.DataFrame({k: _column(cols, k)[rest] for k in keys})
     ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
     top = int(key[simple].max(initial=-1)) + 1
     out[rest] = top + ranks.astype(np.int64, copy=False)
@@ -299,7 +287,7 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
 
 def _heads(cols: Cols, names: list[str], rows: npt.NDArray[np.int64]) -> pl.DataFrame:
     """The ``names`` columns at ``rows`` (one row per group)."""
-    return pl.DataFrame({k: pl.Series(k, cols[k][rows]) for k in names})
+    return pl.DataFrame({k: pl.Series(k, _column(cols, k)[rows]) for k in names})
 
 
 def _by_index(ranges: pl.DataFrame, column: str, rows: pl.Series) -> pl.Series:
