@@ -13,14 +13,17 @@ Facts this relies on (checked on torch 2.11 / CUPTI 13 traces from an H200):
   builds up to at least torch 2.11, no graph node id; newer Kineto may add
   ``graph node id``, which is read when present.
 
-The whole document is parsed at once (JSON has no chunk boundaries); the per-event
-Python work is one pass that appends to column lists.
+The document is streamed (:mod:`agentload.profiler.jsonstream`): ``traceEvents`` is read
+in chunks of a few MB and parsed in batches, each batch's events go through one Python
+pass into column lists, and those become polars frames per batch, so memory stays
+bounded by a batch plus the compact frames rather than the whole document as objects.
 """
 
 from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import orjson
 import polars as pl
 
 from agentload.profiler.errors import ProfileError
+from agentload.profiler.jsonstream import JSONStreamError, Readable, StreamResult, stream_array
 from agentload.profiler.model import (
     DEVICES_SCHEMA,
     LAUNCHES_SCHEMA,
@@ -43,6 +47,18 @@ from agentload.profiler.model import (
 GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 RANGE_CATS = {"user_annotation"}
+#: Top-level keys read besides ``traceEvents``.
+KEEP_KEYS = frozenset({"deviceProperties"})
+#: Events per batch when a parsed document is passed in (``load_kineto(path, doc)``).
+DOC_BATCH = 50_000
+
+_OPS_COLS = {"kind": pl.String, "start": pl.Int64, "end": pl.Int64, "device": pl.Int64,
+             "stream": pl.Int64, "correlation": pl.Int64, "name": pl.String,
+             "graph_node": pl.Int64}
+_LAUNCH_COLS = {"pid": pl.Int64, "tid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                "correlation": pl.Int64, "name": pl.String}
+_RANGE_COLS = {"pid": pl.Int64, "tid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+               "name": pl.String}
 
 
 def read_json_document(path: Path) -> Any:
@@ -62,21 +78,21 @@ def _ns(us: Any) -> int:
     return round(float(us) * 1000)
 
 
-def load_kineto(path: Path, doc: Any | None = None) -> Profile:
-    """Read a Kineto Chrome trace (``.json`` or ``.json.gz``)."""
-    if doc is None:
-        doc = read_json_document(path)
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise ProfileError(f"{path}: not a Chrome trace (no traceEvents list)")
-    ops: dict[str, list[Any]] = {k: [] for k in ("kind", "start", "end", "device", "stream",
-                                                 "correlation", "name", "graph_node")}
-    launches: dict[str, list[Any]] = {k: [] for k in ("pid", "tid", "start", "end",
-                                                      "correlation", "name")}
-    ranges: dict[str, list[Any]] = {k: [] for k in ("pid", "tid", "start", "end", "name")}
-    proc_names: dict[int, str] = {}
-    thread_names: dict[tuple[int, int], str] = {}
-    try:
+class _Columns:
+    """The per-event pass: column lists for one batch, turned into frames per batch."""
+
+    def __init__(self) -> None:
+        self.op_frames: list[pl.DataFrame] = []
+        self.launch_frames: list[pl.DataFrame] = []
+        self.range_frames: list[pl.DataFrame] = []
+        self.proc_names: dict[int, str] = {}
+        self.thread_names: dict[tuple[int, int], str] = {}
+
+    def add(self, events: Iterable[Any]) -> None:
+        ops: dict[str, list[Any]] = {k: [] for k in _OPS_COLS}
+        launches: dict[str, list[Any]] = {k: [] for k in _LAUNCH_COLS}
+        ranges: dict[str, list[Any]] = {k: [] for k in _RANGE_COLS}
+        proc_names, thread_names = self.proc_names, self.thread_names
         for ev in events:
             cat = ev.get("cat")
             ph = ev.get("ph")
@@ -112,10 +128,80 @@ def load_kineto(path: Path, doc: Any | None = None) -> Profile:
             elif ph == "M" and ev.get("name") == "thread_name":
                 thread_names[(int(ev["pid"]), int(ev["tid"]))] = str(
                     (ev.get("args") or {}).get("name", ""))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProfileError(f"{path}: malformed trace event ({type(exc).__name__}: {exc})") from None
+        if ops["kind"]:
+            self.op_frames.append(pl.DataFrame(ops, schema=_OPS_COLS))
+        if launches["pid"]:
+            self.launch_frames.append(pl.DataFrame(launches, schema=_LAUNCH_COLS))
+        if ranges["pid"]:
+            self.range_frames.append(pl.DataFrame(ranges, schema=_RANGE_COLS))
 
-    names = sorted(set(ops["name"]) | set(launches["name"]))
+
+def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
+    if not frames:
+        return pl.DataFrame(schema=schema)
+    return pl.concat(frames, rechunk=True)
+
+
+def _stream_events(path: Path, cols: _Columns) -> tuple[bool, dict[str, Any]]:
+    """Feed ``path``'s events to ``cols``; (whether the array was found, kept top keys).
+
+    The bytes go through gzip when the file starts with its magic, as before.
+    """
+    result = StreamResult()
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            stream: Readable = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            for batch in stream_array(stream, "traceEvents", KEEP_KEYS, result):
+                cols.add(batch)
+                del batch
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise ProfileError(f"{path}: cannot read gzip data, truncated or corrupt "
+                           f"({exc})") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc})") from None
+    except JSONStreamError as exc:
+        raise ProfileError(f"{path}: not valid JSON, truncated or corrupt ({exc})") from None
+    return result.found, result.extras
+
+
+def _doc_batches(events: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(events), DOC_BATCH):
+        yield events[i:i + DOC_BATCH]
+
+
+def load_kineto(path: Path, doc: Any | None = None) -> Profile:
+    """Read a Kineto Chrome trace (``.json`` or ``.json.gz``), streaming its events.
+
+    ``doc``, when given, is the already parsed document (``read_json_document``) and is
+    used instead of reading ``path``.
+    """
+    cols = _Columns()
+    no_trace = ProfileError(f"{path}: not a Chrome trace (no traceEvents list)")
+    try:
+        if doc is None:
+            found, extras = _stream_events(path, cols)
+            if not found:
+                raise no_trace
+            props = extras.get("deviceProperties")
+        else:
+            events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+            if not isinstance(events, list):
+                raise no_trace
+            for batch in _doc_batches(events):
+                cols.add(batch)
+            props = doc.get("deviceProperties") if isinstance(doc, dict) else None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError,
+            pl.exceptions.PolarsError) as exc:
+        raise ProfileError(f"{path}: malformed trace event ({type(exc).__name__}: {exc})") from None
+    of = _concat(cols.op_frames, _OPS_COLS)
+    lf = _concat(cols.launch_frames, _LAUNCH_COLS)
+    rf = _concat(cols.range_frames, _RANGE_COLS)
+    proc_names, thread_names = cols.proc_names, cols.thread_names
+    del cols
+
+    names = sorted(set(of["name"].unique().to_list()) | set(lf["name"].unique().to_list()))
     strings = pl.DataFrame({"id": range(len(names)), "value": names}, schema=STRINGS_SCHEMA)
     name_ids = {n: i for i, n in enumerate(names)}
 
@@ -125,17 +211,10 @@ def load_kineto(path: Path, doc: Any | None = None) -> Profile:
     def tid_expr(pid: pl.Expr, tid: pl.Expr) -> pl.Expr:
         return proc_expr(pid) + (tid.cast(pl.Int64) % (1 << 24)).cast(pl.UInt64)
 
-    lf = pl.DataFrame(launches, schema={"pid": pl.Int64, "tid": pl.Int64, "start": pl.Int64,
-                                        "end": pl.Int64, "correlation": pl.Int64,
-                                        "name": pl.String})
     launch_frame = conform(lf.with_columns(
         proc=proc_expr(pl.col("pid")), tid=tid_expr(pl.col("pid"), pl.col("tid")),
         name_id=pl.col("name").replace_strict(name_ids, return_dtype=pl.Int64, default=None),
     ), LAUNCHES_SCHEMA)
-    of = pl.DataFrame(ops, schema={"kind": pl.String, "start": pl.Int64, "end": pl.Int64,
-                                   "device": pl.Int64, "stream": pl.Int64,
-                                   "correlation": pl.Int64, "name": pl.String,
-                                   "graph_node": pl.Int64})
     # A GPU event's pid is its device; its process is the one whose runtime call has the
     # same correlation id (unique within one process's trace).
     owner = launch_frame.select("correlation", "proc").unique("correlation", keep="first")
@@ -145,8 +224,6 @@ def load_kineto(path: Path, doc: Any | None = None) -> Profile:
         proc=pl.col("proc").fill_null(pl.lit(default_proc, pl.UInt64)),
         name_id=pl.col("name").replace_strict(name_ids, return_dtype=pl.Int64, default=None))
     op_frame = conform(of, OPS_SCHEMA)
-    rf = pl.DataFrame(ranges, schema={"pid": pl.Int64, "tid": pl.Int64, "start": pl.Int64,
-                                      "end": pl.Int64, "name": pl.String})
     range_frame = conform(rf.with_row_index("range_id").with_columns(
         proc=proc_expr(pl.col("pid")), tid=tid_expr(pl.col("pid"), pl.col("tid")),
         style=pl.lit("pushpop")), RANGES_SCHEMA)
@@ -157,7 +234,6 @@ def load_kineto(path: Path, doc: Any | None = None) -> Profile:
     threads = pl.DataFrame(
         {"tid": [p * (1 << 24) + t % (1 << 24) for p, t in thread_names],
          "name": list(thread_names.values())}, schema=THREADS_SCHEMA)
-    props = doc.get("deviceProperties") if isinstance(doc, dict) else None
     devices = pl.DataFrame(
         [{"device": d.get("id"), "name": d.get("name")} for d in props or []
          if isinstance(d, dict)], schema=DEVICES_SCHEMA)
