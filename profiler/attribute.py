@@ -32,6 +32,7 @@ Without node ids, replayed kernels are owned by the range around the replay call
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+NO_ROWS = np.zeros(0, np.int64)
 NO_MASK = np.zeros(0, bool)
 """An empty ``got`` mask: every point is valid."""
 VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
@@ -281,11 +283,61 @@ VIA_CODES = {name: i for i, name in enumerate(VIA.categories.to_list())}
 VIA_LEVELS = pl.Series(VIA.categories, dtype=VIA)
 
 
+@dataclass(frozen=True, slots=True)
+class _RangeSide:
+    """Everything attribution needs from the ranges alone: parsed names, the per-style
+    indexes (with each one's row map, None when it holds every range), the tree."""
+
+    ranges: pl.DataFrame
+    parts: list[tuple[RangeIndex, I64 | None]]
+    parent: I64
+    depth: I64
+    not_nested: int
+    threads: U64
+    base: int
+
+
+def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
+    ranges = parse_range_names(raw.with_row_index("idx").with_columns(
+        pl.col("idx").cast(pl.Int64)))
+    usable = ranges.filter(~pl.col("is_output") & (pl.col("end") > pl.col("start")))
+    parent = np.full(ranges.height, -1, np.int64)
+    depth = np.zeros(ranges.height, np.int64)
+    parts: list[tuple[RangeIndex, I64 | None]] = []
+    if not usable.height:
+        return _RangeSide(ranges, parts, parent, depth, 0, np.zeros(0, np.uint64), 0)
+    threads = distinct(usable["tid"].fill_null(0).to_numpy())
+    base = as_int(usable["start"].min())
+    not_nested = 0
+    # Push/pop and start/end ranges are indexed apart (they may interleave).
+    for style in ("pushpop", "startend"):
+        part = usable.filter(pl.col("style") == style)
+        if not part.height:
+            continue
+        r_idx = part["idx"].to_numpy()
+        index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
+                                  ints(part["start"]) - base, ints(part["end"]) - base, 0)
+        identity = len(r_idx) == ranges.height  # every range usable: idx is arange
+        parent[r_idx] = res.parent if identity else np.where(
+            res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
+        depth[r_idx] = res.depth
+        not_nested += res.not_nested
+        parts.append((index, None if identity else r_idx))
+    return _RangeSide(ranges, parts, parent, depth, not_nested, threads, base)
+
+
 def attribute(profile: Profile) -> Attribution:
     """Attribute every GPU op of ``profile`` to its innermost owning range."""
     notes = list(profile.notes)
-    ranges = parse_range_names(profile.ranges.with_row_index("idx").with_columns(
-        pl.col("idx").cast(pl.Int64)))
+    # The ranges are indexed on another thread meanwhile: the two sides share nothing
+    # until the lookup, and the compiled loops, numpy and polars release the GIL.
+    with ThreadPoolExecutor(1, thread_name_prefix="agentload-ranges") as pool:
+        range_side = pool.submit(_index_all_ranges, profile.ranges)
+        return _attribute_ops(profile, notes, range_side)
+
+
+def _attribute_ops(profile: Profile, notes: list[str], range_side: Future[_RangeSide]
+                   ) -> Attribution:
     ops, launches = profile.ops, profile.launches
     n = ops.height
     idx, dup = _launch_index(ops, launches)
@@ -340,32 +392,12 @@ def attribute(profile: Profile) -> Attribution:
         notes.append(f"{unlaunched:,} GPU ops have no matching runtime call (launch outside "
                      "the capture, or CUDA API tracing off) and are unattributed")
 
-    usable = ranges.filter(~pl.col("is_output") & (pl.col("end") > pl.col("start")))
+    side = range_side.result()
+    ranges, parent, depth, not_nested = side.ranges, side.parent, side.depth, side.not_nested
+    parts, threads, base = side.parts, side.threads, side.base
     owner: I64 | None = None
-    parent = np.full(ranges.height, -1, np.int64)
-    depth = np.zeros(ranges.height, np.int64)
-    not_nested = 0
-    if usable.height and n and launches.height:
-        threads = distinct(usable["tid"].fill_null(0).to_numpy())
-        base = min(as_int(usable["start"].min()), int(t0.min()))
-        top = max(int(t1.max()) - base, 0)
-        # Push/pop and start/end ranges are indexed apart (they may interleave).
-        parts: list[tuple[RangeIndex, I64 | None]] = []
-        for style in ("pushpop", "startend"):
-            part = usable.filter(pl.col("style") == style)
-            if not part.height:
-                continue
-            r_idx = part["idx"].to_numpy()
-            index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
-                                      ints(part["start"]) - base, ints(part["end"]) - base,
-                                      top)
-            identity = len(r_idx) == ranges.height  # every range usable: idx is arange
-            parent[r_idx] = res.parent if identity else np.where(
-                res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
-            depth[r_idx] = res.depth
-            not_nested += res.not_nested
-            parts.append((index, None if identity else r_idx))
-        all_start = ints(ranges["start"], 0)
+    if parts and n and launches.height:
+        all_start = ints(ranges["start"], 0) if len(parts) > 1 else NO_ROWS
 
         def r_start_of(rows: I64) -> I64:
             out: I64 = all_start[np.maximum(rows, 0)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,10 +144,14 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)
-    instances = _instances(cols, ranges)
-    layers = _layers(instances)
-    types = _types(instances)
-    steps = _steps(cols, instances, ranges)
+    # The step groups only read the per-op columns: built on another thread meanwhile
+    # (the compiled loops and polars release the GIL).
+    with ThreadPoolExecutor(1, thread_name_prefix="agentload-steps") as pool:
+        step_groups = pool.submit(_step_groups, cols)
+        instances = _instances(cols, ranges)
+        layers = _layers(instances)
+        types = _types(instances)
+        steps = _steps(step_groups.result(), instances, ranges)
     ranks = _ranks(layers)
     names = att.profile.strings.select(pl.col("id").alias("name_id"), kernel="value")
     top = _top_kernels(cols, instances, layers, names)
@@ -367,11 +372,18 @@ def _types(instances: pl.DataFrame) -> pl.DataFrame:
     return out.sort("pid", "first_start").drop("first_start")
 
 
-def _steps(cols: Cols, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    keys = ["proc", "step_key"]
-    _, agg = _grouped(cols, keys, want_g=False)
-    head = _heads(cols, [*keys, "step_range", "graph_step"], agg.pop("first"))
-    per = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
+STEP_KEYS = ["proc", "step_key"]
+
+
+def _step_groups(cols: Cols) -> pl.DataFrame:
+    """One row per step: its keys and sums (:func:`_grouped`)."""
+    _, agg = _grouped(cols, STEP_KEYS, want_g=False)
+    head = _heads(cols, [*STEP_KEYS, "step_range", "graph_step"], agg.pop("first"))
+    return head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
+
+
+def _steps(per: pl.DataFrame, instances: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    keys = STEP_KEYS
     counts = instances.group_by(keys).agg(
         layers=pl.col("layer").drop_nulls().n_unique().cast(pl.Int64),
         instances=pl.len().cast(pl.Int64))
