@@ -12,7 +12,7 @@ import typer
 from agentload.profiler.attribute import attribute
 from agentload.profiler.capture import capture
 from agentload.profiler.diff import render_diff
-from agentload.profiler.load import load_profiles
+from agentload.profiler.load import DEFAULT_DOMAIN, keep_domains, load_profiles
 from agentload.profiler.report import write_report
 from agentload.profiler.summary import Level, Summary, summarize
 
@@ -31,17 +31,22 @@ LevelOpt = Annotated[str, typer.Option(
 StepOpt = Annotated[str | None, typer.Option(
     "--step", help="Regex naming the step ranges (default: each op's outermost range; graph "
                    "replays are steps of their own).")]
+DomainOpt = Annotated[list[str] | None, typer.Option(
+    "--domain", help=f"Keep only ranges of this NVTX domain (repeatable; {DEFAULT_DOMAIN!r}: "
+                     "NVTX's default domain, which torch.cuda.nvtx and vLLM use), e.g. so "
+                     "NCCL's or a library's own ranges do not own the kernels they wrap.")]
 InferOpt = Annotated[bool | None, typer.Option(
     "--infer/--no-infer", help="Force or forbid inferring layers from the repeating kernel "
                                "sequence (default: only at --level layer without layer ranges).")]
 
 
-def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool | None
-             ) -> Summary:
+def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool | None,
+             domains: list[str] | None = None) -> Summary:
     if level not in ("innermost", "layer"):
         raise typer.BadParameter("--level is innermost or layer")
     lvl: Level = "layer" if level == "layer" else "innermost"
-    profile = load_profiles([paths] if isinstance(paths, Path) else paths)
+    profile = keep_domains(load_profiles([paths] if isinstance(paths, Path) else paths),
+                           domains or [])
     return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
 
 
@@ -103,9 +108,10 @@ def layers_command(
         "--parquet", help="Write the per-layer table as Parquet (instances beside it).")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report.")] = None,
     level: LevelOpt = "innermost", step: StepOpt = None, infer: InferOpt = None,
+    domain: DomainOpt = None,
 ) -> None:
     """Per layer: instances, kernels, summed kernel time, busy (union) time, span, gaps."""
-    s = _summary(files, level, step, infer)
+    s = _summary(files, level, step, infer, domain)
     if parquet is not None:
         s.layers.write_parquet(parquet)
         s.instances.write_parquet(parquet.with_name(parquet.stem + ".instances.parquet"))
@@ -122,9 +128,10 @@ def steps_command(
     files: FilesArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the steps as JSON.")] = False,
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
+    domain: DomainOpt = None,
 ) -> None:
     """Decode-step breakdown: per step its kernels, kernel time, busy time, span, layers."""
-    s = _summary(files, level, step, infer)
+    s = _summary(files, level, step, infer, domain)
     cols = ["pid", "index", "step", "kernels", "memops", "kernel_ns", "busy_ns", "span_ns",
             "layers"]
     if json_out:
@@ -148,10 +155,11 @@ def diff_command(
     a: Annotated[Path, typer.Argument(help="Profile of arm A.")],
     b: Annotated[Path, typer.Argument(help="Profile of arm B.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
+    domain: DomainOpt = None,
 ) -> None:
     """Per layer type: "layers.*: 13 k / 69 µs vs 23 k / 130 µs", sequences aligned."""
-    sa = _summary(a, level, step, infer)
-    sb = _summary(b, level, step, infer)
+    sa = _summary(a, level, step, infer, domain)
+    sb = _summary(b, level, step, infer, domain)
     typer.echo(render_diff(sa, sb, (a.name, b.name)))
 
 
@@ -160,9 +168,10 @@ def report_command(
     files: FilesArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
+    domain: DomainOpt = None,
 ) -> None:
     """A self-contained HTML report (plotly embedded, opens offline)."""
-    write_report(_summary(files, level, step, infer), output)
+    write_report(_summary(files, level, step, infer, domain), output)
     typer.echo(f"wrote {output}")
 
 

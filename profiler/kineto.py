@@ -220,7 +220,7 @@ def load_kineto(path: Path, doc: Any | None = None) -> Profile:
     owner = launch_frame.select("correlation", "proc").unique("correlation", keep="first")
     default_proc = (launch_frame["proc"].mode().sort()[0] if launch_frame.height
                     else 0)
-    of = of.join(owner, on="correlation", how="left").with_columns(
+    of = of.join(owner, on="correlation", how="left", maintain_order="left").with_columns(
         proc=pl.col("proc").fill_null(pl.lit(default_proc, pl.UInt64)),
         name_id=pl.col("name").replace_strict(name_ids, return_dtype=pl.Int64, default=None))
     op_frame = conform(of, OPS_SCHEMA)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from agentload.profiler.errors import ProfileError
@@ -51,3 +52,26 @@ def load_profiles(paths: list[Path]) -> Profile:
     if len(paths) == 1:
         return load_profile(paths[0])
     return merge_profiles([load_profile(p) for p in paths])
+
+
+DEFAULT_DOMAIN = "default"
+"""How ``--domain`` names NVTX's default domain (and ``record_function`` ranges)."""
+
+
+def keep_domains(profile: Profile, domains: list[str]) -> Profile:
+    """Only the ranges in the named NVTX ``domains`` (``default``: the default domain),
+    so another library's ranges (NCCL's, say) do not become the innermost range of the
+    kernels they wrap. A name no range has is an error that lists the domains present."""
+    if not domains:
+        return profile
+    present = profile.ranges["domain"].fill_null(DEFAULT_DOMAIN)
+    have = sorted(present.unique().to_list())
+    missing = [d for d in domains if d not in have]
+    if missing:
+        raise ProfileError(f"{profile.path}: no ranges in NVTX domain "
+                           f"{', '.join(map(repr, missing))}; domains present: "
+                           f"{', '.join(have) or 'none (no ranges)'}")
+    kept = profile.ranges.filter(present.is_in(domains))
+    note = (f"only ranges of NVTX domain {', '.join(domains)} were kept "
+            f"({kept.height:,} of {profile.ranges.height:,})")
+    return replace(profile, ranges=kept, notes=(*profile.notes, note))

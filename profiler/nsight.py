@@ -58,6 +58,7 @@ KNOWN_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME, GRAPH_TRACE, NVTX, GRAPH_NODES,
 
 PUSHPOP = (59, 70)  # NvtxPushPopRange; 70 = the same from imported NVTXT files
 STARTEND = (60, 71)  # NvtxStartEndRange; 71 likewise
+DOMAIN_CREATE = 75  # NvtxDomainCreate: names a domain id within its process
 SIGNED_IDS = ("globalPid", "globalTid", "endGlobalTid")
 """SQLite has only signed 64-bit ints: these come back negative when the HW id's top bit
 is set, so they are reinterpreted (not cast) to UInt64 before any bit arithmetic."""
@@ -345,12 +346,14 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
             launches: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     if NVTX not in tables:
         return empty(RANGES_SCHEMA), []
-    codes = ",".join(str(c) for c in PUSHPOP + STARTEND)
+    kinds = PUSHPOP + STARTEND + (DOMAIN_CREATE,)
+    codes = ",".join(str(c) for c in kinds)
     raw = _unsigned(src.read(NVTX, ["start", "end", "eventType", "globalTid", "endGlobalTid",
-                                    "text", "textId", "eventId", "rangeId"],
+                                    "text", "textId", "eventId", "rangeId", "domainId"],
                              f"WHERE eventType IN ({codes})"))
     if isinstance(src, _DirSource):  # the SQL WHERE above only applies to SQLite
-        raw = raw.filter(pl.col("eventType").is_in(PUSHPOP + STARTEND))
+        raw = raw.filter(pl.col("eventType").is_in(kinds))
+    raw, domains = _domains(raw, strings)
     notes: list[str] = []
     if not raw.height:
         return empty(RANGES_SCHEMA), notes
@@ -359,7 +362,7 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
     text = pl.col("text") if "text" in raw.columns else pl.lit(None, pl.String)
     if "textId" in raw.columns and strings.height:
         raw = raw.join(strings.rename({"id": "textId", "value": "_registered"}),
-                       on="textId", how="left")
+                       on="textId", how="left", maintain_order="left")
         name = pl.coalesce(text.cast(pl.String), pl.col("_registered"))
     else:
         name = text.cast(pl.String)
@@ -383,8 +386,30 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
         notes.append(f"{open_:,} ranges were still open at the end of capture; they are "
                      "closed at the last timestamp")
         frame = frame.with_columns(pl.col("end").fill_null(last))
+    if domains is not None:
+        frame = frame.join(domains, on=["proc", "domainId"], how="left", maintain_order="left")
     frame = frame.rename({"globalTid": "tid", "eventId": "range_id"})
     return conform(frame, RANGES_SCHEMA), notes
+
+
+def _domains(raw: pl.DataFrame, strings: pl.DataFrame
+             ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """Split ``nvtxDomainCreate`` rows off the ranges: ``(proc, domainId) -> domain``
+    (None when no range is in a named domain). Domain ids are per process."""
+    is_domain = pl.col("eventType") == DOMAIN_CREATE
+    if "domainId" not in raw.columns or not bool(raw.select(is_domain.any()).item()):
+        return raw.filter(~is_domain), None
+    rows = raw.filter(is_domain)
+    ranges = raw.filter(~is_domain)
+    name = pl.col("text").cast(pl.String)
+    if "textId" in rows.columns and strings.height:
+        rows = rows.join(strings.rename({"id": "textId", "value": "_registered"}),
+                         on="textId", how="left")
+        name = pl.coalesce(name, pl.col("_registered"))
+    domains = rows.select(proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
+                          domainId=pl.col("domainId"), domain=name).unique(
+        ["proc", "domainId"], keep="last")
+    return ranges, domains
 
 
 def processes_with_pid(profile: Profile) -> pl.DataFrame:

@@ -27,7 +27,13 @@ def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
     if not ranges.height:
         return _parse(ranges)
     uniq = _parse(ranges.select(pl.col("name").unique()))
-    return ranges.join(uniq, on="name", how="left", nulls_equal=True)
+    out = ranges.join(uniq, on="name", how="left", nulls_equal=True, maintain_order="left")
+    if "domain" in out.columns and out["domain"].null_count() < out.height:
+        # nsys's naming: a range of a named NVTX domain is "<domain>:<text>".
+        out = out.with_columns(label=pl.when(pl.col("domain").is_not_null())
+                               .then(pl.col("domain") + ":" + pl.col("label"))
+                               .otherwise(pl.col("label")))
+    return out
 
 
 def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
