@@ -15,9 +15,17 @@ from __future__ import annotations
 import polars as pl
 
 MODULE_RE = r"'Module':\s*'([^']+)'"
-LAYER_RE = r"(?:^|\.)layers\.(\d+)(?:\.|$)"
-LAYER_RANGE_RE = r"(?:^|\.)layers\.\d+$"
-"""A label that *is* a decoder layer (``...layers.<i>``), not one of its submodules."""
+LAYER_RE = r"(?:^|\.)(?:layers|blocks|h)\.(\d+)(?:\.|$)"
+"""The layer index in a module path: ``model.layers.3.mlp`` (vLLM, HF), ``blocks.3``,
+``transformer.h.3`` (GPT-2)."""
+GLUED_LAYER_RE = r"(?:^|\.)layers?_?(\d+)(?:\.|$)"
+"""The layer index glued to its name, as hand-written ranges put it: ``layer3``,
+``layer_3``, ``layer3.standard``."""
+LAYER_RANGE_RE = (r"(?:(?:^|\.)(?:layers|blocks|h)\.\d+"
+                  r"|(?:^|\.)layers?_?\d+(?:\.[A-Za-z_]\w*)?)$")
+"""A label that *is* a decoder layer, not one of its submodules: a module path ending
+at ``layers.<i>`` (or ``blocks.<i>``, ``h.<i>``), or a glued ``layer<i>`` with at most
+one name after it (``layer3.standard``: a layer and the path it took)."""
 COMPILED_RE = r"^Torch Compiled Module \((input|output)\):?(.*)$"
 
 
@@ -51,7 +59,8 @@ def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
                           .then(pl.lit("Torch Compiled Module:") + compiled), name),
     )
     return out.with_columns(
-        layer=pl.col("label").str.extract(LAYER_RE, 1).cast(pl.Int64),
+        layer=pl.coalesce(pl.col("label").str.extract(LAYER_RE, 1),
+                          pl.col("label").str.extract(GLUED_LAYER_RE, 1)).cast(pl.Int64),
         is_layer=pl.col("label").str.contains(LAYER_RANGE_RE),
     )
 

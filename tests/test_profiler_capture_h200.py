@@ -58,3 +58,13 @@ def test_layer_types_and_kernel_names_of_the_capture() -> None:
                              "<4, float>(float*)") == "at::native::cunn_SoftMaxForward"
     assert not [k for k in s.top_kernels["kernel"].to_list() if k.endswith("::")]
 
+
+
+def test_steps_of_the_capture_use_its_layer_ranges() -> None:
+    """``layer<i>.standard`` ranges are layer ranges: decode steps hold 4 layers of 56
+    kernels each, nothing is inferred (an inferred split found 57-kernel periods)."""
+    done = run_cli("profile", "steps", str(DATA / "moe4_capture_b1.json.gz"), "--json")
+    assert "inferred" not in done.stdout + done.stderr
+    decode = [s for s in orjson.loads(done.stdout)["steps"] if s["step"] == "decode_step"]
+    assert len(decode) == STEPS - 1
+    assert all(s["layers"] == 4 and s["kernels"] == 4 * 56 for s in decode)

@@ -195,7 +195,7 @@ def test_kineto_fixture_as_two_ranks() -> None:
     assert one.layers["pid"].unique().to_list() == [661]
     single = {r["name"]: (r["instances"], r["kernels"], r["kernel_ns"])
               for r in one.layers.iter_rows(named=True)}
-    assert single["inferred.layers.0"][:2] == (4, 168)
+    assert single["layer0.standard"][:2] == (4, 4 * 56)  # its own layer ranges, not inferred
     for r in two.layers.iter_rows(named=True):
         assert r["proc"] in (proc, proc | HW1) and r["pid"] == 661
         assert (r["instances"], r["kernels"], r["kernel_ns"]) == single[r["name"]]
