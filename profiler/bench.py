@@ -203,10 +203,17 @@ def _warm_up() -> float:
     x = SyntheticExport()
     x.process(1, "warm-up")
     th = x.thread(1, 2)
-    x.push(th, 0, 100_000, "model.layers.0")
-    x.push(th, 1_000, 50_000, "model.layers.0.mlp")
-    for k in range(3):
-        x.launch_kernel(th, 2_000 + 10_000 * k, 60_000, f"k{k}", api_ns=1_000, gpu_ns=1_000)
+    for step in range(2):
+        s0 = step * 1_000_000
+        x.push(th, s0, s0 + 900_000, "decode_step")
+        for layer in range(2):
+            l0 = s0 + 1_000 + layer * 100_000
+            x.push(th, l0, l0 + 90_000, f"model.layers.{layer}")
+            x.push(th, l0 + 1_000, l0 + 50_000, f"model.layers.{layer}.mlp")
+            for k in range(3):
+                x.launch_kernel(th, l0 + 2_000 + 10_000 * k, l0 + 60_000, f"k{k}",
+                                api_ns=1_000, gpu_ns=1_000)
+        x.launch_kernel(th, s0 + 800_000, s0 + 850_000, "tail", api_ns=1_000, gpu_ns=1_000)
     with tempfile.TemporaryDirectory(prefix="agentload-warm-") as tmp:
         summarize(attribute(load_profile(x.write(Path(tmp) / "w.sqlite"))), level="layer")
     return time.perf_counter() - t0

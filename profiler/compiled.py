@@ -39,9 +39,22 @@ def _helper(fn: F) -> F:
     return fn
 
 
+def _read_only(value: Any) -> Any:
+    """A read-only view of an array argument (no copy). numba compiles a loop apart
+    for read-only and writable arrays, and polars hands out both (zero-copy views of one
+    record batch are read-only, copies of several are not): with every input read-only,
+    each loop has one machine-code version to load from the cache, not one per mix."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
+
+
 def _compiled(fn: F) -> F:
-    """``fn`` compiled by numba on its first call."""
+    """``fn`` compiled by numba on its first call; its array arguments are passed
+    read-only (``fill_*`` loops write into their last argument, which stays writable)."""
     jitted: list[Any] = []
+    writes_last = fn.__name__.startswith("fill_")
 
     def call(*args: Any) -> Any:
         if not jitted:
@@ -51,7 +64,11 @@ def _compiled(fn: F) -> F:
                 if not isinstance(globals()[helper.__name__], numba.core.dispatcher.Dispatcher):
                     globals()[helper.__name__] = numba.njit(**_JIT)(helper)
             jitted.append(numba.njit(**_JIT)(fn))
-        return jitted[0](*args)
+        inputs = args[:-1] if writes_last else args
+        out = [_read_only(a) for a in inputs]
+        if writes_last:
+            out.append(args[-1])
+        return jitted[0](*out)
 
     call.__doc__ = fn.__doc__
     call.__name__ = fn.__name__

@@ -277,9 +277,12 @@ class _DirSource:
     def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
         have = set(self.columns(table))
         try:
-            return self._scan(table).select([c for c in columns if c in have]).collect()
+            frame = self._scan(table).select([c for c in columns if c in have]).collect()
         except Exception as exc:
             raise ProfileError(f"{self._files[table]}: cannot read ({exc})") from None
+        # A column that is null in every row may be written untyped: give it its type.
+        return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
+                                  if frame[c].dtype == pl.Null)
 
 
 def load_nsight(path: Path) -> Profile:

@@ -249,3 +249,26 @@ def write_tables(path: Path, rows: Mapping[str, Iterable[tuple[Any, ...]]],
         con.commit()
     finally:
         con.close()
+
+
+def write_dir_export(db: Path, out: Path, suffix: str = ".parquet") -> Path:
+    """``db``'s tables as an nsys ``parquetdir`` (``suffix=".parquet"``) or ``arrowdir``
+    (``".arrow"``) export: one file per table, ids as uint64 as those exports write them."""
+    import polars as pl
+
+    out.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(db)
+    try:
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'"):
+            frame = pl.read_database(f'SELECT * FROM "{table}"', con, infer_schema_length=None)
+            for col in ("globalPid", "globalTid", "endGlobalTid"):
+                if col in frame.columns:
+                    frame = frame.with_columns(
+                        pl.col(col).cast(pl.Int64).reinterpret(signed=False))
+            if suffix == ".parquet":
+                frame.write_parquet(out / f"{table}.parquet")
+            else:
+                frame.write_ipc(out / f"{table}{suffix}", compression="uncompressed")
+    finally:
+        con.close()
+    return out

@@ -10,7 +10,6 @@ node tracing.
 from __future__ import annotations
 
 import random
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from agentload.profiler import attribute, load_profile, summarize
 from agentload.profiler.attribute import Attribution, sweep
-from agentload.profiler.synthetic import GRAPH_LAUNCH, SyntheticExport
+from agentload.profiler.synthetic import GRAPH_LAUNCH, SyntheticExport, write_dir_export
 
 US = 1_000  # ns
 
@@ -135,16 +134,7 @@ def test_busy_is_union_across_streams(tmp_path: Path) -> None:
 
 def test_parquet_directory_export_matches_sqlite(tmp_path: Path) -> None:
     db = build_nested(tmp_path / "nested.sqlite")
-    out = tmp_path / "nested_pq"
-    out.mkdir()
-    con = sqlite3.connect(db)
-    for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'"):
-        frame = pl.read_database(f'SELECT * FROM "{table}"', con, infer_schema_length=None)
-        for col in ("globalPid", "globalTid", "endGlobalTid"):
-            if col in frame.columns:  # parquetdir exports write ids as uint64
-                frame = frame.with_columns(pl.col(col).cast(pl.Int64).reinterpret(signed=False))
-        frame.write_parquet(out / f"{table}.parquet")
-    con.close()
+    out = write_dir_export(db, tmp_path / "nested_pq")
     a = owners(attribute(load_profile(db)))
     b = owners(attribute(load_profile(out)))
     assert a == b
