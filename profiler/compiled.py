@@ -90,6 +90,16 @@ def _code(keys: U64, value: np.uint64) -> int:
     return -1
 
 
+@_helper
+def _code_in_run(keys: U64, value: np.uint64, last: np.uint64, code: int
+                 ) -> tuple[int, np.uint64]:
+    """``(code of value, value)``, reusing ``code`` while ``value`` repeats ``last``:
+    events of one process (or thread) come in long runs. ``code`` -2: none yet."""
+    if code != -2 and value == last:
+        return code, last
+    return _code(keys, value), value
+
+
 @_compiled
 def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
     """Per process (index into sorted ``procs``) the lowest and highest correlation id
@@ -97,11 +107,9 @@ def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
     lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
     hi = np.full(len(procs), -1, np.int64)
     last = np.uint64(0)
-    code = -1
+    code = -2
     for i in range(len(proc)):
-        if code < 0 or proc[i] != last:
-            last = proc[i]
-            code = _code(procs, last)
+        code, last = _code_in_run(procs, proc[i], last, code)
         c = corr[i]
         if c < 0 or code < 0:
             continue
@@ -116,12 +124,10 @@ def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
     """``table[base[p] + corr - lo[p]] = row`` for each launch (the first of repeated
     keys wins); returns how many launches repeat a key."""
     last = np.uint64(0)
-    code = -1
+    code = -2
     dup = 0
     for i in range(len(proc)):
-        if code < 0 or proc[i] != last:
-            last = proc[i]
-            code = _code(procs, last)
+        code, last = _code_in_run(procs, proc[i], last, code)
         c = corr[i]
         if c < 0 or code < 0:
             continue
@@ -139,11 +145,9 @@ def launch_rows(proc: U64, corr: I64, procs: U64, lo: I64, size: I64, base: I64,
     """Per op its launch row through the table, -1 when none."""
     out = np.empty(len(proc), np.int64)
     last = np.uint64(0)
-    code = -1
+    code = -2
     for i in range(len(proc)):
-        if code < 0 or proc[i] != last:
-            last = proc[i]
-            code = _code(procs, last)
+        code, last = _code_in_run(procs, proc[i], last, code)
         rel = corr[i] - lo[code] if code >= 0 else -1
         out[i] = table[base[code] + rel] if 0 <= rel < size[code] else -1
     return out
@@ -166,18 +170,13 @@ def innermost(tid: U64, got: npt.NDArray[np.bool_], threads: U64, n_thr: int,
     cursor = seg[:n_thr].copy()
     check = len(got) > 0
     last = np.uint64(0)
-    code = -1
-    fresh = True
+    found = -2
     for i in range(n):
         if check and not got[i]:
             out[i] = -1
             continue
-        if fresh or tid[i] != last:
-            fresh = False
-            last = tid[i]
-            code = _code(threads, last)
-            if code >= n_thr:
-                code = -1
+        found, last = _code_in_run(threads, tid[i], last, found)
+        code = found if found < n_thr else -1
         if code < 0:
             out[i] = -1
             continue
