@@ -101,6 +101,8 @@ class RangeIndex:
         every point valid). When ranges nest, the innermost range holding a call is the
         last range started on the thread at or before it, or one of its ancestors (a
         range open at ``t0`` started before it and is still open, so it encloses it)."""
+        # uint64 on both sides: numba compares uint64 with int64 as float64.
+        tid, threads = tid.astype(np.uint64, copy=False), threads.astype(np.uint64, copy=False)
         return compiled.innermost(tid, got, threads, self.n_thr, t0, t1, base,
                                   self.thr_first_s, self.s_start, self.s_end, self.parent_s,
                                   self.order, self.identity)
@@ -249,7 +251,8 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     idx = np.full(n, -1, np.int64)
     if not launches.height or not n:
         return idx, 0
-    l_proc = launches["proc"].fill_null(0).to_numpy()
+    # uint64 everywhere: numba compares uint64 with int64 as float64.
+    l_proc = launches["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False)
     procs = distinct(l_proc)
     l_corr = ints(launches["correlation"])
     lo, hi = compiled.correlation_bounds(l_proc, l_corr, procs)
@@ -266,7 +269,8 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     table = np.full(total, -1, np.int64)
     dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, base, table)
     del l_proc, l_corr
-    idx = compiled.launch_rows(ops["proc"].fill_null(0).to_numpy(), ints(ops["correlation"]),
+    idx = compiled.launch_rows(ops["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False),
+                               ints(ops["correlation"]),
                                procs, lo, size, base, table)
     return idx, dup
 

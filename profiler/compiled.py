@@ -246,9 +246,10 @@ def run_groups(gid: I64, start: I64, end: I64, kernel: npt.NDArray[np.bool_], wa
         if kernel[i]:
             kernels[k] += 1
             kernel_ns[k] += e - s
-        if e > reach:
-            busy[k] += e - max(s, reach)
-            reach = e
+        lo = max(s, reach)
+        if e > lo:  # (an op with end < start adds nothing)
+            busy[k] += e - lo
+        reach = max(reach, e)
         last_end[k] = max(last_end[k], e)
         if want_g:
             g[i] = k

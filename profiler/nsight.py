@@ -99,7 +99,7 @@ class _SqliteSource:
         self.path = path
         try:
             # Read-only and immutable: never creates a journal next to a user's export.
-            self.con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+            self.con = sqlite3.connect(_ro_uri(path), uri=True)
             names = self.con.execute(
                 "SELECT name FROM sqlite_master WHERE type IN ('table','view')").fetchall()
         except sqlite3.Error as exc:
@@ -107,6 +107,7 @@ class _SqliteSource:
         self._tables = {n for (n,) in names}
         self._cols: dict[str, list[str]] = {}
         self._ready: dict[tuple[str, tuple[str, ...], str], pl.DataFrame] = {}
+        self._no_adbc: set[tuple[str, tuple[str, ...], str]] = set()
 
     def tables(self) -> set[str]:
         return self._tables
@@ -128,12 +129,15 @@ class _SqliteSource:
         for (t, c, w), frame in zip(wanted, done, strict=True):
             if frame is not None:
                 self._ready[(t, tuple(c), w)] = frame
+            else:  # the driver could not read it: straight to sqlite3 next time
+                self._no_adbc.add((t, tuple(c), w))
 
     def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
         ready = self._ready.pop((table, tuple(columns), where), None)
         if ready is not None:
             return ready
-        fast = self._read_adbc(table, columns, where)
+        fast = (None if (table, tuple(columns), where) in self._no_adbc
+                else self._read_adbc(table, columns, where))
         if fast is not None:
             return fast
         have = set(self.columns(table))
@@ -189,8 +193,7 @@ class _SqliteSource:
                 select.append(f'IFNULL("{c}", {NULL_SENTINEL}) AS "{c}"')
         sql = f'SELECT {", ".join(select)} FROM "{table}" {where}'
         try:
-            with dbapi.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1"
-                               ) as con, con.cursor() as cur:
+            with dbapi.connect(_ro_uri(self.path)) as con, con.cursor() as cur:
                 cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS)})
                 cur.execute(sql)
                 frame = pl.DataFrame(cur.fetch_arrow()).rechunk()
@@ -212,6 +215,12 @@ class _SqliteSource:
 
     def close(self) -> None:
         self.con.close()
+
+
+def _ro_uri(path: Path) -> str:
+    """A read-only, immutable SQLite URI: never creates a journal next to a user's export;
+    the path quoted (a ``#`` or ``?`` in a file name would end the path)."""
+    return f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
 
 
 def _adbc() -> Any:
@@ -492,7 +501,7 @@ def _domains(raw: pl.DataFrame, strings: pl.DataFrame
         return raw.filter(~is_domain), None
     rows = raw.filter(is_domain)
     ranges = raw.filter(~is_domain)
-    name = pl.col("text").cast(pl.String)
+    name = pl.col("text").cast(pl.String) if "text" in rows.columns else pl.lit(None, pl.String)
     if "textId" in rows.columns and strings.height:
         rows = rows.join(strings.rename({"id": "textId", "value": "_registered"}),
                          on="textId", how="left")

@@ -447,8 +447,9 @@ def _top_kernels(cols: Cols, instances: pl.DataFrame, layers: pl.DataFrame,
     top = top.join(names, on="name_id", how="left").with_columns(
         kernel=pl.col("kernel").fill_null("?").map_elements(
             short_kernel_name, return_dtype=pl.String))
-    return top.sort(["pid", "proc", "label", "kernel_ns"],
-                    descending=[False, False, False, True]).with_columns(
+    # name_id last: ties in kernel time rank the same way every run
+    return top.sort(["pid", "proc", "label", "kernel_ns", "name_id"],
+                    descending=[False, False, False, True, False]).with_columns(
         rank=pl.int_range(pl.len()).over("proc", "label")).filter(pl.col("rank") < 5).select(
         "pid", "proc", "label", "name_id", "count", "kernel_ns", "kernel", "rank")
 

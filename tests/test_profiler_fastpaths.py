@@ -123,3 +123,16 @@ def test_known_numbers_of_one_layer(tmp_path: Path) -> None:
     # a 10..20 and b 15..25 overlap; c 40..45, d 50..55
     assert (row["kernels"], row["kernel_ns"], row["busy_ns"]) == (4, 30 * US, 25 * US)
     assert row["span_ns"] == 45 * US
+
+
+def test_busy_union_ignores_ops_that_end_before_they_start() -> None:
+    """A damaged op (end < start) adds nothing to the union, even past the others."""
+    from agentload.profiler import compiled
+
+    gid = np.zeros(3, np.int64)
+    start = np.array([15, 27, 37], np.int64)
+    end = np.array([25, 30, 36], np.int64)
+    first, kernels, _, busy, last_end, _, ordered, _ = compiled.run_groups(
+        gid, start, end, np.ones(3, bool), False)
+    assert first.tolist() == [0] and kernels.tolist() == [3] and ordered
+    assert busy.tolist() == [13] and last_end.tolist() == [36]

@@ -68,3 +68,12 @@ def test_a_column_the_driver_cannot_type_falls_back(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="cannot read CUPTI_ACTIVITY_KIND_KERNEL"):
         load_profile(db)
     assert want.height == 2 * 4  # before the damage: 4 layers per rank
+
+
+def test_a_file_name_with_uri_characters(tmp_path: Path) -> None:
+    """``#`` and ``?`` would end the path in a SQLite URI: the file is still read, and
+    nothing is created beside it."""
+    db = export(tmp_path / "run#1?b.sqlite")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert load_profile(db).ops.height == 2 * 3 * 4 * 2  # kernels and memcpys
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
