@@ -152,15 +152,24 @@ def steps_command(
 
 @app.command("diff")
 def diff_command(
-    a: Annotated[Path, typer.Argument(help="Profile of arm A.")],
-    b: Annotated[Path, typer.Argument(help="Profile of arm B.")],
+    a: Annotated[str, typer.Argument(
+        help="Profile of arm A; one per rank: FILE,FILE,... (merged, as for layers).")],
+    b: Annotated[str, typer.Argument(help="Profile of arm B, likewise.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
     domain: DomainOpt = None,
 ) -> None:
     """Per layer type: "layers.*: 13 k / 69 µs vs 23 k / 130 µs", sequences aligned."""
-    sa = _summary(a, level, step, infer, domain)
-    sb = _summary(b, level, step, infer, domain)
-    typer.echo(render_diff(sa, sb, (a.name, b.name)))
+    arms = [[Path(f) for f in arm.split(",") if f] for arm in (a, b)]
+    for arm, text in zip(arms, (a, b), strict=True):
+        if not arm:
+            raise typer.BadParameter(f"no file in {text!r}")
+    sa = _summary(arms[0], level, step, infer, domain)
+    sb = _summary(arms[1], level, step, infer, domain)
+    typer.echo(render_diff(sa, sb, tuple(_arm_name(arm) for arm in arms)))
+
+
+def _arm_name(files: list[Path]) -> str:
+    return files[0].name if len(files) == 1 else f"{files[0].name} (+{len(files) - 1} ranks)"
 
 
 @app.command("report")

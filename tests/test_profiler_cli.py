@@ -102,6 +102,21 @@ def test_diff_seed_style(tmp_path: Path) -> None:
     assert "  + rope" in out and "  + ar" in out and "  = attn" in out
 
 
+def test_diff_of_arms_given_per_rank(tmp_path: Path) -> None:
+    """FILE,FILE per arm: each arm's ranks merged; per-instance figures over all ranks."""
+    a = [_arm(tmp_path / f"a{r}.sqlite", ["norm", "qkv", "attn", "o", "mlp"], 10 * US)
+         for r in range(2)]
+    b = [_arm(tmp_path / f"b{r}.sqlite", ["norm", "qkv", "rope", "attn", "o", "ar", "mlp"],
+              (20 + 20 * r) * US) for r in range(2)]
+    code, out = invoke("profile", "diff", ",".join(map(str, a)), ",".join(map(str, b)))
+    assert code == 0, out
+    # B's ranks: 140 and 280 us per layer instance; the mean over both ranks is 210
+    assert "layers.*: 5 k / 50 µs vs 7 k / 210 µs" in out
+    assert "a0.sqlite (+1 ranks)" in out
+    code, out = invoke("profile", "diff", ",", str(b[0]))
+    assert code != 0
+
+
 def test_capture_needs_a_command() -> None:
     code, _ = invoke("profile", "capture", "--tool", "torch")
     assert code != 0
