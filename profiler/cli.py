@@ -165,7 +165,7 @@ def diff_command(
             raise typer.BadParameter(f"no file in {text!r}")
     sa = _summary(arms[0], level, step, infer, domain)
     sb = _summary(arms[1], level, step, infer, domain)
-    typer.echo(render_diff(sa, sb, tuple(_arm_name(arm) for arm in arms)))
+    typer.echo(render_diff(sa, sb, (_arm_name(arms[0]), _arm_name(arms[1]))))
 
 
 def _arm_name(files: list[Path]) -> str:
