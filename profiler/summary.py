@@ -292,7 +292,12 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
 
 def _heads(cols: Cols, names: list[str], rows: npt.NDArray[np.int64]) -> pl.DataFrame:
     """The ``names`` columns at ``rows`` (one row per group)."""
-    return pl.DataFrame({k: pl.Series(k, _column(cols, k)[rows]) for k in names})
+    def at(k: str) -> npt.NDArray[Any]:
+        if k == "replay" and not len(cols[k]):  # no graph replays: -1 for every group
+            return np.full(len(rows), -1, np.int64)
+        return cols[k][rows]
+
+    return pl.DataFrame({k: pl.Series(k, at(k)) for k in names})
 
 
 def _by_index(ranges: pl.DataFrame, column: str, rows: pl.Series) -> pl.Series:
