@@ -50,6 +50,12 @@ def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool
     return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
 
 
+def _rank(pid: int, hw: int, shared: bool) -> str:
+    """A rank's name: its pid, and when merged ranks share that pid the key's hw byte
+    that tells them apart (``661~1``: the second file's pid 661)."""
+    return f"{pid}~{hw}" if shared else str(pid)
+
+
 def _us(ns: float) -> str:
     return f"{ns / 1e3:,.1f}"
 
@@ -87,14 +93,19 @@ def render_layers(s: Summary, limit: int = 60) -> str:
     if multi.height:
         lines += ["", "across ranks (per-instance kernel time by pid, skew = max - min)"]
         for r in multi.head(limit).iter_rows(named=True):
-            per = ", ".join(f"{p}: {_us(v)}" for p, v in
-                            zip(r["pids"], r["kernel_ns_per_inst"], strict=True))
+            per = ", ".join(f"{_rank(p, h, r['pids'].count(p) > 1)}: {_us(v)}" for p, h, v in
+                            zip(r["pids"], r["hws"], r["kernel_ns_per_inst"], strict=True))
             lines.append(f"  {r['name']}: {per} µs; skew {_us(r['skew_ns'])} µs")
     tops = s.top_kernels.filter(pl.col("rank") == 0).head(min(limit, 20))
     if tops.height:
+        procs = tops.select("pid", "proc").unique()
+        shared = set(procs.filter(pl.col("pid").is_duplicated())["pid"].to_list())
+        several = procs.height > 1
         lines += ["", "top kernel per layer"]
-        lines += [f"  {r['label']}: {r['kernel']} x{r['count']} ({_us(r['kernel_ns'])} µs)"
-                  for r in tops.iter_rows(named=True)]
+        for r in tops.iter_rows(named=True):
+            who = _rank(r["pid"], r["proc"] >> 56, r["pid"] in shared) + " " if several else ""
+            lines.append(f"  {who}{r['label']}: {r['kernel']} x{r['count']} "
+                         f"({_us(r['kernel_ns'])} µs)")
     lines += [f"note: {n}" for n in s.notes]
     lines += [f"warning: {w}" for w in s.warnings]
     return "\n".join(lines)

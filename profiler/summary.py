@@ -409,6 +409,8 @@ def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
     by = ["pid", "proc"]
     return per.group_by("name").agg(
         ranks=pl.col("proc").n_unique(), pids=pl.col("pid").sort_by(by),
+        # the key's hw byte: what tells apart merged ranks that share an OS pid
+        hws=(pl.col("proc") // (1 << 56)).cast(pl.Int64).sort_by(by),
         kernels_per_inst=(pl.col("kernels") / pl.col("instances")).sort_by(by),
         kernel_ns_per_inst=pl.col("per_inst").sort_by(by),
         skew_ns=pl.col("per_inst").max() - pl.col("per_inst").min(),

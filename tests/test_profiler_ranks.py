@@ -279,3 +279,13 @@ def test_cli_broken_second_file_is_one_line_exit_2(ranks_same_pid: tuple[Path, P
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"agentload: error: {tmp_path / 'nope.sqlite'}: no such file or directory")
+
+
+def test_text_output_tells_same_pid_ranks_apart(ranks_same_pid: tuple[Path, Path]) -> None:
+    from agentload.profiler.cli import render_layers
+
+    text = render_layers(summary(list(ranks_same_pid)))
+    across = [ln for ln in text.splitlines() if ln.startswith("  model.layers.0: ")]
+    assert len(across) == 1 and "1~0: " in across[0] and "1~1: " in across[0], text
+    tops = [ln for ln in text.splitlines() if "model.layers.0:" in ln and " x" in ln]
+    assert sorted(ln.split()[0] for ln in tops) == ["1~0", "1~1"], text
