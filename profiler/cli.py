@@ -50,10 +50,10 @@ def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool
     return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
 
 
-def _rank(pid: int, hw: int, shared: bool) -> str:
-    """A rank's name: its pid, and when merged ranks share that pid the key's hw byte
-    that tells them apart (``661~1``: the second file's pid 661)."""
-    return f"{pid}~{hw}" if shared else str(pid)
+def _rank(pid: int, proc: int, shared: bool) -> str:
+    """A rank's name: its pid, and when merged ranks share that pid the hw byte of its
+    process key, which tells them apart (``661~1``: the second file's pid 661)."""
+    return f"{pid}~{proc >> 56}" if shared else str(pid)
 
 
 def _us(ns: float) -> str:
@@ -93,8 +93,8 @@ def render_layers(s: Summary, limit: int = 60) -> str:
     if multi.height:
         lines += ["", "across ranks (per-instance kernel time by pid, skew = max - min)"]
         for r in multi.head(limit).iter_rows(named=True):
-            per = ", ".join(f"{_rank(p, h, r['pids'].count(p) > 1)}: {_us(v)}" for p, h, v in
-                            zip(r["pids"], r["hws"], r["kernel_ns_per_inst"], strict=True))
+            per = ", ".join(f"{_rank(p, q, r['pids'].count(p) > 1)}: {_us(v)}" for p, q, v in
+                            zip(r["pids"], r["procs"], r["kernel_ns_per_inst"], strict=True))
             lines.append(f"  {r['name']}: {per} µs; skew {_us(r['skew_ns'])} µs")
     tops = s.top_kernels.filter(pl.col("rank") == 0).head(min(limit, 20))
     if tops.height:
@@ -103,7 +103,7 @@ def render_layers(s: Summary, limit: int = 60) -> str:
         several = procs.height > 1
         lines += ["", "top kernel per layer"]
         for r in tops.iter_rows(named=True):
-            who = _rank(r["pid"], r["proc"] >> 56, r["pid"] in shared) + " " if several else ""
+            who = _rank(r["pid"], r["proc"], r["pid"] in shared) + " " if several else ""
             lines.append(f"  {who}{r['label']}: {r['kernel']} x{r['count']} "
                          f"({_us(r['kernel_ns'])} µs)")
     lines += [f"note: {n}" for n in s.notes]

@@ -212,13 +212,15 @@ def _any_equal(values: npt.NDArray[Any], codes: list[int]) -> npt.NDArray[np.boo
     return out
 
 
-def _column(cols: Cols, name: str) -> npt.NDArray[Any]:
-    """``cols[name]`` per row; ``replay`` is kept empty when no op is a graph replay (an
-    80 MB array of -1 saved) and is filled here for the rare code that needs it."""
+def _column(cols: Cols, name: str, rows: npt.NDArray[np.int64] | None = None
+            ) -> npt.NDArray[Any]:
+    """``cols[name]`` per row, or at ``rows``; ``replay`` is kept empty when no op is a
+    graph replay (an 80 MB array of -1 saved) and is filled here for the code that
+    needs it, only as long as asked."""
     values = cols[name]
     if name == "replay" and not len(values):
-        return np.full(len(cols["start"]), -1, np.int64)
-    return values
+        return np.full(len(cols["start"]) if rows is None else len(rows), -1, np.int64)
+    return values if rows is None else values[rows]
 
 
 def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
@@ -241,7 +243,7 @@ def _group_ids(cols: Cols, keys: list[str]) -> npt.NDArray[np.int64]:
         simple = (key >= 0) & ((key & 1) == 0)  # a step range, not a graph replay
     out = key.copy()
     rest = np.flatnonzero(~simple)
-    sub = pl.DataFrame({k: _column(cols, k)[rest] for k in keys})
+    sub = pl.DataFrame({k: _column(cols, k, rest) for k in keys})
     ranks = sub.select(pl.struct(keys).rank("dense")).to_series().to_numpy()
     top = int(key[simple].max(initial=-1)) + 1
     out[rest] = top + ranks.astype(np.int64, copy=False)
@@ -292,12 +294,7 @@ def _grouped(cols: Cols, keys: list[str], want_g: bool = True
 
 def _heads(cols: Cols, names: list[str], rows: npt.NDArray[np.int64]) -> pl.DataFrame:
     """The ``names`` columns at ``rows`` (one row per group)."""
-    def at(k: str) -> npt.NDArray[Any]:
-        if k == "replay" and not len(cols[k]):  # no graph replays: -1 for every group
-            return np.full(len(rows), -1, np.int64)
-        return cols[k][rows]
-
-    return pl.DataFrame({k: pl.Series(k, at(k)) for k in names})
+    return pl.DataFrame({k: pl.Series(k, _column(cols, k, rows)) for k in names})
 
 
 def _by_index(ranges: pl.DataFrame, column: str, rows: pl.Series) -> pl.Series:
@@ -409,8 +406,7 @@ def _ranks(layers: pl.DataFrame) -> pl.DataFrame:
     by = ["pid", "proc"]
     return per.group_by("name").agg(
         ranks=pl.col("proc").n_unique(), pids=pl.col("pid").sort_by(by),
-        # the key's hw byte: what tells apart merged ranks that share an OS pid
-        hws=(pl.col("proc") // (1 << 56)).cast(pl.Int64).sort_by(by),
+        procs=pl.col("proc").sort_by(by),
         kernels_per_inst=(pl.col("kernels") / pl.col("instances")).sort_by(by),
         kernel_ns_per_inst=pl.col("per_inst").sort_by(by),
         skew_ns=pl.col("per_inst").max() - pl.col("per_inst").min(),
@@ -425,11 +421,12 @@ def _top_kernels(cols: Cols, instances: pl.DataFrame, layers: pl.DataFrame,
                  names: pl.DataFrame) -> pl.DataFrame:
     """Per (pid, layer name): the five kernels with the most summed time."""
     # Each group g belongs to one row of ``layers`` (its code): g -> code by a scatter.
+    codes = layers.select("proc", "pid", "name").with_row_index("code").with_columns(
+        pl.col("code").cast(pl.Int64))
     coded = instances.select("g", "proc", "name").join(
-        layers.select("proc", "name").with_row_index("code"), on=["proc", "name"],
-        how="left")
+        codes.select("code", "proc", "name"), on=["proc", "name"], how="left")
     code_of_g = np.zeros(instances.height, np.int64)
-    code_of_g[coded["g"].to_numpy()] = coded["code"].cast(pl.Int64).to_numpy()
+    code_of_g[coded["g"].to_numpy()] = coded["code"].to_numpy()
     name = cols["name_id"]
     width = int(name.max(initial=0)) + 2
     n_codes = layers.height
@@ -449,8 +446,7 @@ def _top_kernels(cols: Cols, instances: pl.DataFrame, layers: pl.DataFrame,
             count=pl.len(), kernel_ns=pl.col("dur").sum())
     top = top.with_columns(code=pl.col("key") // width,
                            name_id=pl.col("key") % width - 1).join(
-        layers.select("proc", "pid", label="name").with_row_index("code").with_columns(
-            pl.col("code").cast(pl.Int64)), on="code", how="left")
+        codes.rename({"name": "label"}), on="code", how="left")
     top = top.join(names, on="name_id", how="left").with_columns(
         kernel=pl.col("kernel").fill_null("?").map_elements(
             short_kernel_name, return_dtype=pl.String))
