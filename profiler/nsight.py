@@ -154,15 +154,12 @@ class _SqliteSource:
             raise ProfileError(f"{self.path}: cannot read {table} ({exc})") from None
         if not chunks:
             return pl.DataFrame(schema={c: _null_type(c) for c in picked})
-        frame = pl.concat(chunks, how="vertical_relaxed")
-        # A column that is NULL in every row comes back untyped; give it its schema type.
-        return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
-                                  if frame[c].dtype == pl.Null)
+        return _typed_nulls(pl.concat(chunks, how="vertical_relaxed"))
 
     def _read_ints(self, table: str, picked: list[str], where: str) -> pl.DataFrame:
         """Integer columns straight into numpy (no per-value Python ints kept): NULL is
         mapped to a sentinel inside SQLite so every chunk is one dense int64 array."""
-        cols = ", ".join(f"IFNULL({c}, {NULL_SENTINEL})" for c in picked)
+        cols = ", ".join(_sentinel_for_null(c) for c in picked)
         parts: list[np.ndarray] = []
         try:
             for rows in _chunks(self.con.execute(f'SELECT {cols} FROM "{table}" {where}')):
@@ -172,8 +169,7 @@ class _SqliteSource:
         data = (np.concatenate(parts) if parts
                 else np.zeros((0, len(picked)), np.int64))
         frame = pl.DataFrame({c: data[:, i] for i, c in enumerate(picked)})
-        return frame.with_columns(
-            pl.when(pl.col(c) != NULL_SENTINEL).then(pl.col(c)).alias(c) for c in picked)
+        return frame.with_columns(_null_for_sentinel(c) for c in picked)
 
     def _read_adbc(self, table: str, columns: list[str], where: str) -> pl.DataFrame | None:
         """The read through ADBC, or None (no driver, or it could not type a column:
@@ -190,7 +186,7 @@ class _SqliteSource:
             if c in TEXT_COLUMNS:
                 select += [f'IFNULL("{c}", \'\') AS "{c}"', f'("{c}" IS NULL) AS "{c}{NULL_FLAG}"']
             else:
-                select.append(f'IFNULL("{c}", {NULL_SENTINEL}) AS "{c}"')
+                select.append(f'{_sentinel_for_null(c)} AS "{c}"')
         sql = f'SELECT {", ".join(select)} FROM "{table}" {where}'
         try:
             with dbapi.connect(_ro_uri(self.path)) as con, con.cursor() as cur:
@@ -209,8 +205,7 @@ class _SqliteSource:
                 fixes.append(pl.when(pl.col(f"{c}{NULL_FLAG}") == 0)
                              .then(pl.col(c).cast(pl.String)).alias(c))
             else:
-                fixes.append(pl.when(pl.col(c) != NULL_SENTINEL).then(pl.col(c))
-                             .cast(pl.Int64).alias(c))
+                fixes.append(_null_for_sentinel(c).cast(pl.Int64))
         return frame.select(fixes)
 
     def close(self) -> None:
@@ -239,6 +234,24 @@ NULL_SENTINEL = -(1 << 63)
 
 def _null_type(column: str) -> pl.DataType:
     return pl.String() if column in TEXT_COLUMNS else pl.Int64()
+
+
+def _typed_nulls(frame: pl.DataFrame) -> pl.DataFrame:
+    """A column that is NULL in every row comes back untyped (``sqlite3`` rows, or an
+    export's all-null column): give it its schema type."""
+    return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
+                              if frame[c].dtype == pl.Null)
+
+
+def _sentinel_for_null(column: str) -> str:
+    """SQL for an integer column with NULL as :data:`NULL_SENTINEL`, so every value is an
+    integer (one dense int64 array; one type for a driver that types from first rows)."""
+    return f'IFNULL("{column}", {NULL_SENTINEL})'
+
+
+def _null_for_sentinel(column: str) -> pl.Expr:
+    """Back from :func:`_sentinel_for_null`: the sentinel is NULL again."""
+    return pl.when(pl.col(column) != NULL_SENTINEL).then(pl.col(column)).alias(column)
 
 
 def _chunks(cur: sqlite3.Cursor) -> Iterator[list[tuple[object, ...]]]:
@@ -289,9 +302,7 @@ class _DirSource:
             frame = self._scan(table).select([c for c in columns if c in have]).collect()
         except Exception as exc:
             raise ProfileError(f"{self._files[table]}: cannot read ({exc})") from None
-        # A column that is null in every row may be written untyped: give it its type.
-        return frame.with_columns(pl.col(c).cast(_null_type(c)) for c in frame.columns
-                                  if frame[c].dtype == pl.Null)
+        return _typed_nulls(frame)
 
 
 def load_nsight(path: Path) -> Profile:
@@ -459,13 +470,7 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
         return empty(RANGES_SCHEMA), notes
     if "eventId" not in raw.columns:
         raw = raw.with_row_index("eventId")
-    text = pl.col("text") if "text" in raw.columns else pl.lit(None, pl.String)
-    if "textId" in raw.columns and strings.height:
-        raw = raw.join(strings.rename({"id": "textId", "value": "_registered"}),
-                       on="textId", how="left", maintain_order="left")
-        name = pl.coalesce(text.cast(pl.String), pl.col("_registered"))
-    else:
-        name = text.cast(pl.String)
+    raw, name = _nvtx_names(raw, strings)
     end_tid = pl.col("endGlobalTid") if "endGlobalTid" in raw.columns else pl.lit(None, pl.UInt64)
     frame = raw.with_columns(
         name=name, proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
@@ -492,6 +497,17 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
     return conform(frame, RANGES_SCHEMA), notes
 
 
+def _nvtx_names(rows: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.Expr]:
+    """``rows`` (row order kept) with what the name expression needs, and the name:
+    ``COALESCE(text, StringIds[textId])`` (a registered string has only ``textId``)."""
+    text = (pl.col("text") if "text" in rows.columns else pl.lit(None)).cast(pl.String)
+    if "textId" not in rows.columns or not strings.height:
+        return rows, text
+    rows = rows.join(strings.rename({"id": "textId", "value": "_registered"}),
+                     on="textId", how="left", maintain_order="left")
+    return rows, pl.coalesce(text, pl.col("_registered"))
+
+
 def _domains(raw: pl.DataFrame, strings: pl.DataFrame
              ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """Split ``nvtxDomainCreate`` rows off the ranges: ``(proc, domainId) -> domain``
@@ -501,11 +517,7 @@ def _domains(raw: pl.DataFrame, strings: pl.DataFrame
         return raw.filter(~is_domain), None
     rows = raw.filter(is_domain)
     ranges = raw.filter(~is_domain)
-    name = pl.col("text").cast(pl.String) if "text" in rows.columns else pl.lit(None, pl.String)
-    if "textId" in rows.columns and strings.height:
-        rows = rows.join(strings.rename({"id": "textId", "value": "_registered"}),
-                         on="textId", how="left")
-        name = pl.coalesce(name, pl.col("_registered"))
+    rows, name = _nvtx_names(rows, strings)
     domains = rows.select(proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
                           domainId=pl.col("domainId"), domain=name).unique(
         ["proc", "domainId"], keep="last")
