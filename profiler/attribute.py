@@ -108,13 +108,13 @@ class RangeIndex:
                                   self.order, self.identity)
 
 
-def index_ranges(r_thr: I64, r_start: I64, r_end: I64, top_time: int
-                 ) -> tuple[RangeIndex, SweepResult]:
+def index_ranges(r_thr: I64, r_start: I64, r_end: I64) -> tuple[RangeIndex, SweepResult]:
     """Sort and index ranges (dense thread codes >= 0, times >= 0, ``end > start``);
-    also each range's parent and depth. ``top_time``: the latest point time."""
+    also each range's parent and depth. Only the ranges' (thread, time) keys are packed
+    into 63 bits, so only their timeline is bounded; points are looked up unpacked."""
     m = len(r_start)
     n_thr = int(r_thr.max()) + 1
-    top_time = int(max(r_end.max(), top_time))
+    top_time = int(r_end.max())
     thr_bits = _bits(n_thr + 1)  # code n_thr: "a thread without ranges"
     time_bits = 63 - thr_bits
     if top_time >= 1 << time_bits:
@@ -161,7 +161,7 @@ def sweep(r_thr: I64, r_start: I64, r_end: I64, p_thr: I64, p_t0: I64, p_t1: I64
     if not len(r_start):
         return SweepResult(np.full(n, -1, np.int64), np.zeros(0, np.int64),
                            np.zeros(0, np.int64), 0)
-    index, res = index_ranges(r_thr, r_start, r_end, int(p_t1.max()) if n else 0)
+    index, res = index_ranges(r_thr, r_start, r_end)
     # Thread codes are their own keys; -1 (no thread) wraps to a code no range has.
     codes = np.arange(index.n_thr, dtype=np.uint64)
     owner = index.owners(p_thr.astype(np.uint64), NO_MASK, codes, p_t0, p_t1, 0)
@@ -320,7 +320,7 @@ def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
             continue
         r_idx = part["idx"].to_numpy()
         index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
-                                  ints(part["start"]) - base, ints(part["end"]) - base, 0)
+                                  ints(part["start"]) - base, ints(part["end"]) - base)
         identity = len(r_idx) == ranges.height  # every range usable: idx is arange
         parent[r_idx] = res.parent if identity else np.where(
             res.parent >= 0, r_idx[np.maximum(res.parent, 0)], -1)
