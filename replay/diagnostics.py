@@ -11,7 +11,11 @@ path beyond a few integer appends per request:
 - token events per read: 1 when the client keeps up; more when events queued in the
   socket (they then share one stamp);
 - event-loop lag: the oversleep of a 10 ms sleep (how long a ready callback waits);
-- GC pauses (``gc.callbacks``) and process CPU over the run (``time.process_time``).
+- GC pauses (``gc.callbacks``) and process CPU over the run (``time.process_time``);
+- the OS's share of the lag: how long the loop's thread sat runnable but off-CPU
+  (Linux ``schedstat`` run delay, read at each probe). On an oversubscribed machine a
+  client using 1 % of a core can wait seconds for a CPU; the run is still invalid (its
+  stamps were late) but the reasons then say the machine, not the client, was the cause.
 
 ``summary()`` goes into ``summary.json`` under ``"client"``; its
 ``saturation_reasons`` (empty when healthy) make the run's validity verdict "invalid".
@@ -29,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import os
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -46,6 +52,22 @@ MAX_LOOP_LAG_P99_S = 0.050
 MAX_STAMP_ERROR_P99_S = 0.050  # Python minus kernel stamp, when kernel stamps exist
 PROBE_S = 0.010
 LIVE_EVERY_S = 1.0
+
+
+def _open_run_delay() -> int | None:
+    """A descriptor on the calling thread's schedstat (None where Linux gives none)."""
+    try:
+        return os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _run_delay_ns(fd: int) -> int | None:
+    """Nanoseconds the thread has spent runnable but waiting for a CPU, so far."""
+    try:
+        return int(os.pread(fd, 64, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class LogHistogram:
@@ -99,6 +121,9 @@ class ClientDiagnostics:
         self.cpu_s = self.wall_s = 0.0
         self._gc_t = 0
         self._running = False
+        self.os_wait_ns = 0        # the loop thread's run-queue wait over the run
+        self.os_wait_max_ns = 0    # the longest within one probe interval
+        self._os_wait_seen = False
         self.on_figures: Callable[[dict[str, Any], bool], None] | None = None
         """Called with ``live()`` once a second by the probe, and with the exact
         ``summary()`` (``final=True``) by ``stop()``."""
@@ -148,14 +173,36 @@ class ClientDiagnostics:
         want = int(interval_s * 1e9)
         every = max(1, round(LIVE_EVERY_S / interval_s))
         k = 0
-        while True:
-            t = perf()
-            await asyncio.sleep(interval_s)
-            self.loop_lag_ns.append(perf() - t - want)
-            k += 1
-            if k >= every and self.on_figures is not None:
-                k = 0
-                self.on_figures(self.live(), False)
+        # The probe runs on the loop's thread: its run delay is the loop's.
+        fd = _open_run_delay()
+        waited = _run_delay_ns(fd) if fd is not None else None
+        try:
+            while True:
+                t = perf()
+                await asyncio.sleep(interval_s)
+                self.loop_lag_ns.append(perf() - t - want)
+                if waited is not None:
+                    now = _run_delay_ns(fd)  # type: ignore[arg-type]
+                    if now is not None:
+                        self._os_waited(now - waited)
+                        waited = now
+                k += 1
+                if k >= every and self.on_figures is not None:
+                    k = 0
+                    self.on_figures(self.live(), False)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _os_waited(self, ns: int) -> None:
+        self._os_wait_seen = True
+        if self._running:
+            self.os_wait_ns += ns
+            if ns > self.os_wait_max_ns:
+                self.os_wait_max_ns = ns
+
+    def _os_wait_max_s(self) -> float | None:
+        return self.os_wait_max_ns / 1e9 if self._os_wait_seen else None
 
     def _feed(self, name: str, values: array[int]) -> None:
         start = self._fed[name]
@@ -179,6 +226,7 @@ class ClientDiagnostics:
                                        if self.reads else None),
             "max_events_per_read": self.max_events_per_read,
             "loop_lag_p99_s": self._hist["loop_lag"].quantile_s(0.99),
+            "os_wait_max_s": self._os_wait_max_s(),
             "gc_collections": len(self.gc_pause_ns),
             "cpu_cores": cpu_s / wall if wall > 0 else None,
         }
@@ -206,6 +254,8 @@ class ClientDiagnostics:
             "loop_lag_p50_s": q(self.loop_lag_ns, 50),
             "loop_lag_p99_s": q(self.loop_lag_ns, 99),
             "loop_lag_max_s": (max(self.loop_lag_ns) / 1e9) if self.loop_lag_ns else None,
+            "os_wait_s": self.os_wait_ns / 1e9 if self._os_wait_seen else None,
+            "os_wait_max_s": self._os_wait_max_s(),
             "gc_collections": len(self.gc_pause_ns),
             "gc_max_pause_s": (max(self.gc_pause_ns) / 1e9) if self.gc_pause_ns else 0.0,
             "cpu_cores": cpu,
@@ -215,6 +265,9 @@ class ClientDiagnostics:
                 "events_per_read": "token events per socket read; > 1 means events queued "
                                    "in the socket because the client was behind",
                 "loop_lag": f"oversleep of a {PROBE_S * 1e3:g} ms asyncio.sleep",
+                "os_wait": "time the event loop's thread was runnable but not running "
+                           "(Linux schedstat run delay): the OS, not the client, held it "
+                           f"back; the max is over one {PROBE_S * 1e3:g} ms probe interval",
                 "percentiles": "linear interpolation (numpy)",
             },
         }
@@ -222,6 +275,7 @@ class ClientDiagnostics:
             out["stamp_error_note"] = ("no kernel receive stamps (aiohttp transport, TLS, or "
                                        "a kernel without SO_TIMESTAMPNS): the run's stamps "
                                        "are Python stamps and their own error is not measured")
+        out["starved_by_os"] = starved_by_os(out)
         out["saturation_reasons"] = saturation_reasons(out)
         return out
 
@@ -245,4 +299,18 @@ def saturation_reasons(d: dict[str, Any]) -> list[str]:
     if err is not None and err > MAX_STAMP_ERROR_P99_S:
         reasons.append(f"client stamp error: Python stamps p99 {err * 1e3:.1f} ms after the "
                        f"kernel's (> {MAX_STAMP_ERROR_P99_S * 1e3:.0f} ms)")
+    if reasons and starved_by_os(d):
+        reasons.append(f"the OS held the client back: its event loop waited up to "
+                       f"{d['os_wait_max_s'] * 1e3:.0f} ms for a CPU while the client used "
+                       f"{(d.get('cpu_cores') or 0):.0%} of a core; the machine is "
+                       "oversubscribed (give the client its own cores, e.g. with taskset, "
+                       "or run the server elsewhere)")
     return reasons
+
+
+def starved_by_os(d: dict[str, Any]) -> bool:
+    """Whether the OS kept a client that was not CPU-bound waiting for a CPU longer than
+    the loop-lag budget: then late stamps are the machine's doing, not the client's."""
+    wait, cpu = d.get("os_wait_max_s"), d.get("cpu_cores")
+    return (wait is not None and wait > MAX_LOOP_LAG_P99_S
+            and (cpu is None or cpu <= MAX_CLIENT_CPU))

@@ -3,13 +3,16 @@ land in summary.json, and a saturated client makes the run invalid with the reas
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+
+import pytest
 
 from agentload.replay import ReplayOptions, run_replay
 from agentload.replay.client import StreamResult
 from agentload.replay.client_bench import ClientBenchConfig, emulator
-from agentload.replay.diagnostics import ClientDiagnostics, saturation_reasons
+from agentload.replay.diagnostics import ClientDiagnostics, saturation_reasons, starved_by_os
 from agentload.replay.metrics import validity
 from agentload.traces import Block, Request, Session, Trace
 
@@ -67,3 +70,38 @@ def test_a_saturated_client_makes_the_run_invalid() -> None:
                "client": {"saturation_reasons": saturation_reasons(
                    {"cpu_cores": 0.3, "loop_lag_p99_s": 0.002})}}
     assert validity(healthy)["verdict"] == "valid"
+
+
+def test_late_stamps_on_an_oversubscribed_machine_name_the_os() -> None:
+    """A client at 1 % of a core whose loop waited 1.3 s for a CPU: still invalid (its
+    stamps were late), and the reasons say the machine was the cause."""
+    starved = {"cpu_cores": 0.01, "loop_lag_p99_s": 0.004, "stamp_error_p99_s": 1.06,
+               "os_wait_max_s": 1.3}
+    reasons = saturation_reasons(starved)
+    assert len(reasons) == 2 and "1060.0 ms" in reasons[0]
+    assert "waited up to 1300 ms for a CPU" in reasons[1] and "1% of a core" in reasons[1]
+    assert starved_by_os(starved)
+    # A CPU-bound client is its own cause, whatever the OS did.
+    busy = {**starved, "cpu_cores": 0.97}
+    assert not starved_by_os(busy)
+    assert not any("the OS held" in r for r in saturation_reasons(busy))
+    # The OS's wait alone, with stamps on time, leaves a valid run alone.
+    assert saturation_reasons({**starved, "stamp_error_p99_s": 0.002}) == []
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(),
+                    reason="needs Linux schedstat")
+def test_the_probe_reads_the_loops_run_queue_wait() -> None:
+    d = ClientDiagnostics()
+
+    async def run() -> None:
+        d.start()
+        task = asyncio.create_task(d.probe(0.002))
+        await asyncio.sleep(0.1)
+        d.stop()
+        task.cancel()
+
+    asyncio.run(run())
+    s = d.summary()
+    assert s["os_wait_s"] is not None and 0 <= s["os_wait_max_s"] <= s["os_wait_s"] < 1.0
+    assert len(d.loop_lag_ns) >= 10 and s["starved_by_os"] in (True, False)

@@ -223,11 +223,18 @@ def test_weka_fixture_replay_fidelity(embedded_server: str, tmp_path: Path) -> N
     assert abs(s["server_prefix_cache_hit_rate"] - s["theoretical_prefix_cache_hit_rate"]) < 0.02
     assert s["theoretical_prefix_cache_hit_rate"] > 0.7
     # Pauses are honoured: never early, typically on time. The tail bound is loose on
-    # purpose (a shared 2-core machine can starve the client); `agentload bench replay`
-    # measures it properly.
+    # purpose (a shared 2-core machine can starve the client, by as long as the OS kept
+    # its loop off-CPU); `agentload bench replay` measures it properly.
+    client, verdict = s["client"], s["validity"]
     assert -0.001 < s["pause_error_p50_s"] < 0.02
-    assert s["pause_error_p99_s"] < 1.0
-    assert s["validity"]["verdict"] == "valid"
+    assert s["pause_error_p99_s"] < 1.0 + (client["os_wait_max_s"] or 0.0)
+    # Valid, unless this shared machine (which runs the server's pinned, spinning worker
+    # too) kept the client off-CPU: then the client was not CPU-bound, every reason is
+    # the client's own, and they name the OS as the cause (CI once failed here so).
+    if verdict["verdict"] != "valid":
+        assert client["starved_by_os"], (verdict["reasons"], client)
+        assert verdict["reasons"] == client["saturation_reasons"]
+        assert "the OS held the client back" in verdict["reasons"][-1]
     assert s["ci95"]["p90_interactivity_tok_s"] is not None
     assert (out / "per_user.parquet").is_file() and (out / "per_session.parquet").is_file()
     run = json.loads((out / "run.json").read_text())
