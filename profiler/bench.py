@@ -222,7 +222,9 @@ def _warm_up() -> float:
 def _child(path: str, truth: str) -> None:
     """Timed in a fresh process: load, attribute, per-layer tables; check ownership."""
     from agentload.profiler import attribute, load_profile, summarize
+    from agentload.profiler.memory import retain_freed_memory
 
+    retain_freed_memory()  # as the `profile` commands do
     warm = _warm_up()
     start = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = start.ru_utime + start.ru_stime  # imports and warm-up excluded

@@ -13,6 +13,7 @@ from agentload.profiler.attribute import attribute
 from agentload.profiler.capture import capture
 from agentload.profiler.diff import render_diff
 from agentload.profiler.load import DEFAULT_DOMAIN, keep_domains, load_profiles
+from agentload.profiler.memory import retain_freed_memory
 from agentload.profiler.report import write_report
 from agentload.profiler.summary import Level, Summary, summarize
 
@@ -45,6 +46,7 @@ def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool
     if level not in ("innermost", "layer"):
         raise typer.BadParameter("--level is innermost or layer")
     lvl: Level = "layer" if level == "layer" else "innermost"
+    retain_freed_memory()  # a one-shot process: freed arrays are reused, not refaulted
     profile = keep_domains(load_profiles([paths] if isinstance(paths, Path) else paths),
                            domains or [])
     return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
