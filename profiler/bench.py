@@ -11,8 +11,11 @@ Then, each timed from a fresh child process (so the peak RSS is attribution's al
 
 1. ``agentload.profiler`` on the Parquet directory: ingest + attribute + the per-layer
    tables (``summarize(level="layer")``), wall time and peak RSS; the innermost range of
-   every kernel is checked against the construction's ground truth;
-2. the same on the SQLite file (SQLite row fetching dominates: Python's ``sqlite3``);
+   every kernel is checked against the construction's ground truth. The child keeps
+   freed memory for reuse as the ``profile`` commands do (:mod:`.memory`); the same run
+   with glibc's defaults follows, to show what that saves;
+2. the same on the Arrow directory and on the SQLite file (there, fetching the rows
+   dominates);
 3. the straightforward SQL join (the docs' "innermost enclosing range" query: kernel
    JOIN runtime ON correlationId and the globalPid mask, correlated subquery over
    NVTX_EVENTS with ``ORDER BY start DESC LIMIT 1``, after creating the two indexes it
@@ -219,12 +222,13 @@ def _warm_up() -> float:
     return time.perf_counter() - t0
 
 
-def _child(path: str, truth: str) -> None:
+def _child(path: str, truth: str, retain: bool = True) -> None:
     """Timed in a fresh process: load, attribute, per-layer tables; check ownership."""
     from agentload.profiler import attribute, load_profile, summarize
     from agentload.profiler.memory import retain_freed_memory
 
-    retain_freed_memory()  # as the `profile` commands do
+    if retain:
+        retain_freed_memory()  # as the `profile` commands do
     warm = _warm_up()
     start = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = start.ru_utime + start.ru_stime  # imports and warm-up excluded
@@ -249,8 +253,9 @@ def _child(path: str, truth: str) -> None:
                       "layers": s.layers.height, "checksum": int(owner.sum())}))
 
 
-def _run_child(path: Path, truth: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", "--child",
+def _run_child(path: Path, truth: Path, retain: bool = True) -> dict[str, Any]:
+    flag = "--child" if retain else "--child-malloc-defaults"
+    out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", flag,
                           str(path), str(truth)], capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"benchmark child failed: {out.stderr[-2000:]}")
@@ -335,6 +340,13 @@ def profiler_speed(
                    f"{pq['tables_s']:.2f}), peak RSS {pq['peak_rss_bytes'] / 2**30:.2f} GiB, "
                    f"{pq['wrong']} kernels misattributed; CPU time {pq['cpu_s']:.2f} s; warm-up "
                    f"{pq['warm_up_s']:.2f} s, not counted")
+        # The same Parquet run with glibc's allocator defaults: what retaining freed
+        # memory (profiler/memory.py) saves, side by side.
+        plain = _run_child(work / "export_pq", truth, retain=False)
+        typer.echo(f"  Parquet dir, malloc defaults: {plain['total_s']:.2f} s "
+                   f"(load {plain['load_s']:.2f}, attribute {plain['attribute_s']:.2f}, tables "
+                   f"{plain['tables_s']:.2f}); freed memory kept saves "
+                   f"{plain['total_s'] - pq['total_s']:+.2f} s")
         arrow = _run_child(work / "export_arrow", truth)
         typer.echo(f"agentload.profiler, Arrow dir:   {arrow['total_s']:.2f} s "
                    f"(load {arrow['load_s']:.2f}, attribute {arrow['attribute_s']:.2f}, tables "
@@ -407,5 +419,5 @@ def profiler_speed(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 4 and sys.argv[1] in ("--child", "--child-malloc-defaults"):
+        _child(sys.argv[2], sys.argv[3], retain=sys.argv[1] == "--child")

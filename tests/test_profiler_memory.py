@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 # In a child, so this process keeps glibc's defaults: malloc 80 MB, write it, free it,
 # then count the page faults of doing it again.
@@ -43,3 +46,14 @@ def test_a_freed_block_is_reused_without_page_faults() -> None:
     assert default > 10_000, default
     assert retained < 1_000, retained
 
+
+
+def test_the_profiler_bench_runs_small_and_agrees_with_sql(tmp_path: Path) -> None:
+    """`agentload bench profiler` end to end on 10 k kernels: every kernel attributed as
+    built, the SQL join's owners equal ours, and the malloc-defaults run is reported."""
+    proc = run_cli("bench", "profiler", "--ranges", "2000", "--workdir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert out.count("0 kernels misattributed") == 3, out
+    assert "SQL and agentload owners: same" in out
+    assert "Parquet dir, malloc defaults:" in out and "10,101 kernels" in out
