@@ -62,8 +62,10 @@ class StreamResult:
     chunk_user_ns: list[int] | None = field(default=None, repr=False)
     # The emulator's emission stamp (``t_emit_ns``) of each token chunk, when asked for.
     chunk_emit_ns: list[int] | None = field(default=None, repr=False)
-    # Reads that carried at least one token event, those that carried more than one,
-    # and the most in one read (> 1 means events waited: the client was behind).
+    # Reads that carried at least one token event; those that carried more than one
+    # because the client read late (with kernel stamps: over ``LATE_READ_NS`` after the
+    # read's last segment came; events the server sent together do not count); and the
+    # most events in one read.
     reads: int = 0
     multi_event_reads: int = 0
     max_events_per_read: int = 0
@@ -237,7 +239,8 @@ async def _follow_reads(body: Any, result: StreamResult) -> None:
                         keep_stamp(stamp)
                         keep_user(user)
                         continue
-                    # Several whole events queued in one read (the client was behind):
+                    # Several whole events in one read (sent together, or queued while
+                    # the client was behind):
                     # they share the read's stamps, and the read counts them together.
                     events = data[:-2].split(b"\n\n")
                     if all(e.startswith(b"data: {") and b"\n" not in e for e in events):
@@ -281,12 +284,13 @@ def _apply_pending(pending: list[bytes], stamp_of: list[int], user_of: list[int]
         result.chunk_user_ns = []
     user_list = result.chunk_user_ns
     # Events of one read share its Python stamp (each read callback takes its own).
-    read_user, got = None, 0
+    read_user, got, late = None, 0, True
     for i, stamp in enumerate(stamp_of):
         user = user_of[i]
         if user != read_user:
-            _close_read(result, got)
+            _close_read(result, got, late)
             read_user, got = user, 0
+            late = not kernel_seen or user - stamp > LATE_READ_NS
         before = result.chunks
         if objs is None:
             _handle_data(pending[i], stamp, result)
@@ -295,7 +299,7 @@ def _apply_pending(pending: list[bytes], stamp_of: list[int], user_of: list[int]
         got = _count_event(result, before, got, user_list, user)
         if result.error is not None:
             break
-    _close_read(result, got)
+    _close_read(result, got, late)
     pending.clear()
     stamp_of.clear()
     user_of.clear()
@@ -320,7 +324,7 @@ def _handle_events(buffer: bytes, base: int, batch: list[tuple[int, int, int | N
             break
         # The separator's last byte (end + 1) came in the first read reaching past it.
         if end + 1 >= read_end:
-            _close_read(result, got)
+            _close_read(result, got, _late(user, kernel))
             got = 0
             while end + 1 >= read_end and i + 1 < n:
                 i += 1
@@ -338,7 +342,7 @@ def _handle_events(buffer: bytes, base: int, batch: list[tuple[int, int, int | N
         got = _count_event(result, before, got, user_list, user)
         if result.error is not None:
             break
-    _close_read(result, got)
+    _close_read(result, got, _late(user, kernel))
 
 
 def _count_event(result: StreamResult, before: int, got: int, user_list: list[int] | None,
@@ -353,13 +357,26 @@ def _count_event(result: StreamResult, before: int, got: int, user_list: list[in
     return got
 
 
-def _close_read(result: StreamResult, got: int) -> None:
-    """Count one read's token events (> 1 means events waited: the client was behind)."""
+LATE_READ_NS = 1_000_000
+"""A read served this long after its last segment came was late: its events may have
+waited in the socket. Sooner, several events in it came together: the server sent them
+in one burst (a busy API server does), and their shared stamp is their true arrival."""
+
+
+def _late(user: int, kernel: int | None) -> bool:
+    """Whether a read was late (without a kernel stamp it cannot be told: assume so)."""
+    return kernel is None or user - kernel > LATE_READ_NS
+
+
+def _close_read(result: StreamResult, got: int, late: bool) -> None:
+    """Count one read's token events; several in a late read mean events waited in the
+    socket (the client was behind), in a prompt one that they came together."""
     if not got:
         return
     result.reads += 1
     if got > 1:
-        result.multi_event_reads += 1
+        if late:
+            result.multi_event_reads += 1
         if got > result.max_events_per_read:
             result.max_events_per_read = got
     elif not result.max_events_per_read:

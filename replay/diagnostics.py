@@ -9,7 +9,9 @@ path beyond a few integer appends per request:
   the run's timestamps are the kernel's, so this is the error they avoided, and it
   grows as the client nears saturation;
 - token events per read: 1 when the client keeps up; more when events queued in the
-  socket (they then share one stamp);
+  socket (they then share one stamp) or the server sent them in one burst. Only late
+  reads (served over 1 ms after their last segment came, by the kernel stamps) count as
+  the client behind: a burst read at once has its true arrival time;
 - event-loop lag: the oversleep of a 10 ms sleep (how long a ready callback waits);
 - GC pauses (``gc.callbacks``) and process CPU over the run (``time.process_time``);
 - the OS's share of the lag: how long the loop's thread sat runnable but off-CPU
@@ -263,7 +265,10 @@ class ClientDiagnostics:
                 "stamp_error": "Python stamp (loop served the socket) minus kernel receive "
                                "stamp, per token chunk; the run's stamps are the kernel's",
                 "events_per_read": "token events per socket read; > 1 means events queued "
-                                   "in the socket because the client was behind",
+                                   "in the socket, or that the server sent them together",
+                "multi_event_read_share": "share of token reads with several events that "
+                                          "were served over 1 ms after their last segment "
+                                          "came (without kernel stamps: all such reads)",
                 "loop_lag": f"oversleep of a {PROBE_S * 1e3:g} ms asyncio.sleep",
                 "os_wait": "time the event loop's thread was runnable but not running "
                            "(Linux schedstat run delay): the OS, not the client, held it "
@@ -289,8 +294,8 @@ def saturation_reasons(d: dict[str, Any]) -> list[str]:
     share = d.get("multi_event_read_share")
     if share is not None and share > MAX_MULTI_EVENT_READS:
         reasons.append(f"client behind: {share:.0%} of token reads carried more than one event "
-                       f"(> {MAX_MULTI_EVENT_READS:.0%}); their stamps are shared, so ITL is "
-                       "blurred")
+                       f"that had waited for it (> {MAX_MULTI_EVENT_READS:.0%}); their stamps "
+                       "are shared, so ITL is blurred")
     lag = d.get("loop_lag_p99_s")
     if lag is not None and lag > MAX_LOOP_LAG_P99_S:
         reasons.append(f"client event loop lagged: p99 {lag * 1e3:.1f} ms "
