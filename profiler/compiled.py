@@ -16,6 +16,7 @@ this file (``cache=True``): only the first run on a machine compiles (about 3 s)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -29,14 +30,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 """nogil: the loops hold no Python objects, so other threads (the dashboard) run on."""
-_HELPERS: list[Callable[..., Any]] = []
-
-
-def _helper(fn: F) -> F:
-    """A function called from compiled loops: compiled (in this module's namespace,
-    where the loops look it up) before the first loop is."""
-    _HELPERS.append(fn)
-    return fn
 
 
 def _read_only(value: Any) -> Any:
@@ -50,29 +43,62 @@ def _read_only(value: Any) -> Any:
     return value
 
 
-def _compiled(fn: F) -> F:
-    """``fn`` compiled by numba on its first call; its array arguments are passed
-    read-only (``fill_*`` loops write into their last argument, which stays writable)."""
-    jitted: list[Any] = []
-    writes_last = fn.__name__.startswith("fill_")
+class LazyJit:
+    """Decorators that compile a module's loops with numba on their first call.
 
-    def call(*args: Any) -> Any:
-        if not jitted:
-            import numba
+    ``helper`` marks a function that compiled loops call: it is compiled, in the
+    module's ``namespace`` (where the loops look it up), before the first loop is.
+    ``loop`` marks an entry point. With ``read_only_inputs`` its array arguments are
+    passed read-only (see :func:`_read_only`), except the last one of a ``fill_*`` loop,
+    which it writes; without, arguments pass as they are (loops that fill several
+    buffers they were handed).
+    """
 
-            for helper in _HELPERS:
-                if not isinstance(globals()[helper.__name__], numba.core.dispatcher.Dispatcher):
-                    globals()[helper.__name__] = numba.njit(**_JIT)(helper)
-            jitted.append(numba.njit(**_JIT)(fn))
-        inputs = args[:-1] if writes_last else args
-        out = [_read_only(a) for a in inputs]
-        if writes_last:
-            out.append(args[-1])
-        return jitted[0](*out)
+    def __init__(self, namespace: dict[str, Any], read_only_inputs: bool = True) -> None:
+        self._namespace = namespace
+        self._helpers: list[str] = []
+        self._read_only_inputs = read_only_inputs
+        self._lock = threading.Lock()
 
-    call.__doc__ = fn.__doc__
-    call.__name__ = fn.__name__
-    return cast(F, call)
+    def helper(self, fn: F) -> F:
+        self._helpers.append(fn.__name__)
+        return fn
+
+    def _compile(self, fn: Callable[..., Any]) -> Any:
+        import numba
+
+        with self._lock:  # two threads' first calls compile once
+            for name in self._helpers:
+                if not isinstance(self._namespace[name], numba.core.dispatcher.Dispatcher):
+                    self._namespace[name] = numba.njit(**_JIT)(self._namespace[name])
+            return numba.njit(**_JIT)(fn)
+
+    def loop(self, fn: F) -> F:
+        jitted: list[Any] = []
+        writes_last = fn.__name__.startswith("fill_")
+        read_only = self._read_only_inputs
+
+        def call(*args: Any) -> Any:
+            if not jitted:
+                compiled = self._compile(fn)
+                if not jitted:
+                    jitted.append(compiled)
+            if not read_only:
+                return jitted[0](*args)
+            inputs = args[:-1] if writes_last else args
+            out = [_read_only(a) for a in inputs]
+            if writes_last:
+                out.append(args[-1])
+            return jitted[0](*out)
+
+        call.__doc__ = fn.__doc__
+        call.__name__ = fn.__name__
+        return cast(F, call)
+
+
+_JITTED = LazyJit(globals())
+_helper = _JITTED.helper
+_compiled = _JITTED.loop
 
 
 @_helper

@@ -1,0 +1,592 @@
+"""The big tables of an Nsight SQLite export, read straight from SQLite's file format.
+
+Why: loading a 10 M-kernel export through ADBC's SQLite driver took 8.7 s (through
+Python's ``sqlite3``, about 50 s), while attributing it afterwards takes 0.4 s. Both
+step through every value with one ``sqlite3_column_*`` call. SQLite's file format is
+documented and has been stable since 2004 (https://www.sqlite.org/fileformat2.html):
+
+- a table is a B-tree of fixed-size pages;
+- its leaves hold one cell per row: a payload length, the rowid, then the record;
+- a record is a header of varint serial types (NULL, a big-endian integer of 1-8 bytes,
+  0, 1, a REAL, text or a blob) followed by the values.
+
+This module lists a table's leaf pages in key order by walking its interior pages. It
+reads the file in large windows (``preadv`` into one reused buffer, so memory stays
+bounded whatever the file's size) and decodes only the wanted columns of every record
+in compiled loops (numba, compiled on first use and cached like the attribution's
+loops). Rows come out in rowid order, as ``SELECT`` returns them. Text is pooled: each
+distinct string is stored once and every row holds its index, because NVTX range names
+repeat every step.
+
+It reads only what it fully understands. For anything else it answers ``None`` and the
+caller falls back to the SQLite driver, which then reads or reports it:
+
+- a WAL file beside the export, or a text encoding other than UTF-8;
+- a record that spills onto overflow pages;
+- a value of another type than its column's (a REAL or text in an integer column);
+- a column added later with a non-NULL default;
+- a WITHOUT ROWID table;
+- any structural inconsistency, which is what a damaged file shows.
+
+Every offset is checked against the page it lies in, so a damaged file is refused, not
+read out of bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from agentload.profiler.compiled import LazyJit
+
+log = logging.getLogger(__name__)
+
+U8 = npt.NDArray[np.uint8]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+A = TypeVar("A", bound=np.ndarray[Any, Any])
+
+NULL = -(1 << 63)
+"""Integer columns hold this for SQL NULL until the frame is built."""
+WINDOW_BYTES = 16 << 20
+"""Bytes read from the file at a time (and the reused buffer's size)."""
+MAX_DEPTH = 40
+"""A B-tree deeper than this is a damaged file (64 KiB pages of 4-child cells would
+need more rows than SQLite can hold)."""
+
+OK, CORRUPT, UNSUPPORTED, TYPE = 0, 1, 2, 3
+_WHY = {CORRUPT: "the page structure is inconsistent (a damaged file?)",
+        UNSUPPORTED: "a record spills onto overflow pages or lacks a column with a default",
+        TYPE: "a value is not of its column's type"}
+LEAF, INTERIOR = 13, 5  # table B-tree page types
+
+_jit = LazyJit(globals(), read_only_inputs=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """What the schema says about one table: where its B-tree starts and how its
+    records are laid out."""
+
+    root: int
+    """Root page number."""
+    columns: tuple[str, ...]
+    """Declared columns, in record order."""
+    rowid_alias: int
+    """Index of the ``INTEGER PRIMARY KEY`` column (stored as the rowid, NULL in the
+    record), or -1."""
+    has_default: tuple[bool, ...]
+    """Per column: declared with a non-NULL default (a record written before an
+    ``ALTER TABLE ADD COLUMN`` lacks it and reads as that default)."""
+
+
+def table_layout(con: sqlite3.Connection, table: str) -> TableLayout | None:
+    """``table``'s layout from the schema, or None for a table this reader skips."""
+    row = con.execute("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' "
+                      "AND name = ?", (table,)).fetchone()
+    if row is None or not isinstance(row[0], int) or row[0] < 2:
+        return None
+    sql = str(row[1] or "").upper()
+    if "WITHOUT ROWID" in sql:
+        return None
+    info = con.execute(f'PRAGMA table_info("{table}")').fetchall()
+    keys = [r for r in info if r[5]]
+    alias = -1
+    if len(keys) == 1 and str(keys[0][2]).upper() == "INTEGER" and " DESC" not in sql:
+        alias = int(keys[0][0])
+    return TableLayout(root=int(row[0]), columns=tuple(str(r[1]) for r in info),
+                       rowid_alias=alias, has_default=tuple(r[4] is not None for r in info))
+
+
+@dataclass(frozen=True, slots=True)
+class _FileHeader:
+    page_size: int
+    usable: int
+    pages: int
+
+
+def _file_header(fd: int, path: Path, text_wanted: bool) -> _FileHeader | None:
+    head = os.pread(fd, 100, 0)
+    if len(head) < 100 or head[:16] != b"SQLite format 3\x00":
+        return None
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        return None
+    usable = page_size - head[20]
+    if usable < 480:
+        return None
+    if head[18] == 2 or head[19] == 2:  # WAL mode: committed pages may sit in the -wal file
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return None
+    if text_wanted and int.from_bytes(head[56:60], "big") not in (0, 1):
+        return None  # UTF-16 text: the driver converts it
+    return _FileHeader(page_size, usable, os.fstat(fd).st_size // page_size)
+
+
+def read_columns(path: Path, layout: TableLayout, columns: list[str],
+                 text: set[str]) -> pl.DataFrame | None:
+    """The ``columns`` of a table (``Int64``; ``String`` for those in ``text``), every
+    row in rowid order and NULLs kept; None when this reader cannot read it exactly."""
+    picked = [c for c in columns if c in layout.columns]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        header = _file_header(fd, path, any(c in text for c in picked))
+        if header is None:
+            return None
+        leaves = _leaf_pages(fd, header, layout.root)
+        if leaves is None:
+            log.debug("%s: B-tree of page %d not read natively", path, layout.root)
+            return None
+        return _decode_table(fd, header, layout, picked, text, leaves, path)
+    finally:
+        os.close(fd)
+
+
+def _read_pages(fd: int, header: _FileHeader, pages: I64) -> U8 | None:
+    """The given pages, one after another in a new buffer (few pages: interior ones)."""
+    size = header.page_size
+    buf = np.empty(len(pages) * size, np.uint8)
+    view = buf.data
+    for i, page in enumerate(pages.tolist()):
+        if not 1 <= page <= header.pages:
+            return None
+        if os.preadv(fd, [view[i * size:(i + 1) * size]], (page - 1) * size) != size:
+            return None
+    return buf
+
+
+def _leaf_pages(fd: int, header: _FileHeader, root: int) -> I64 | None:
+    """The table's leaf pages in key order, walking the interior levels (a B-tree's
+    leaves all lie at one depth, so the first page of a level tells what the level is)."""
+    level = np.array([root], np.int64)
+    seen = 0
+    for _ in range(MAX_DEPTH):
+        first = _read_pages(fd, header, level[:1])
+        if first is None:
+            return None
+        kind = int(first[0])
+        if kind == LEAF:
+            return level
+        if kind != INTERIOR:
+            return None
+        buf = _read_pages(fd, header, level)
+        if buf is None:
+            return None
+        out = np.empty(len(level) * (header.usable // 6 + 1), np.int64)
+        n = interior_children(buf, len(level), header.page_size, header.usable, out)
+        seen += len(level)
+        if n < 0 or seen + n > header.pages:
+            return None
+        level = out[:n]
+        if int(level.min()) < 2 or int(level.max()) > header.pages:
+            return None
+    return None
+
+
+class _Pool:
+    """Distinct strings (UTF-8 bytes) of the text columns, filled by the compiled loop:
+    ``offsets[d]:offsets[d + 1]`` in ``data`` is string ``d``; an open-addressing hash
+    table of string indexes finds repeats. Grown from Python between windows, so the
+    loop never runs out of room."""
+
+    def __init__(self) -> None:
+        self.data = np.empty(1 << 16, np.uint8)
+        self.offsets = np.zeros(1 << 12, np.int64)
+        self.hashes = np.empty(1 << 12, np.int64)
+        self.table = np.full(1 << 13, -1, np.int64)
+        # [distinct strings, bytes used, last rowid decoded (the loop checks keys ascend)]
+        self.state = np.array([0, 0, NULL], np.int64)
+
+    def reserve(self, strings: int, nbytes: int) -> None:
+        n, used = int(self.state[0]), int(self.state[1])
+        if used + nbytes > len(self.data):
+            self.data = _grown(self.data, used + nbytes, used)
+        if n + strings + 1 > len(self.offsets):
+            self.offsets = _grown(self.offsets, n + strings + 1, n + 1)
+            self.hashes = _grown(self.hashes, n + strings + 1, n)
+        if 2 * (n + strings) > len(self.table):
+            size = len(self.table)
+            while 2 * (n + strings) > size:
+                size *= 2
+            self.table = np.full(size, -1, np.int64)
+            rehash(self.hashes, n, self.table)
+
+    def strings(self) -> pl.Series | None:
+        n = int(self.state[0])
+        try:
+            values = [bytes(self.data[self.offsets[d]:self.offsets[d + 1]]).decode("utf-8")
+                      for d in range(n)]
+        except UnicodeDecodeError:
+            return None
+        return pl.Series(values, dtype=pl.String)
+
+
+def _grown(array: A, need: int, keep: int) -> A:
+    """A bigger copy of ``array`` (by half at least), its first ``keep`` items kept."""
+    out = np.empty(max(need, len(array) * 3 // 2), array.dtype)
+    out[:keep] = array[:keep]
+    return cast(A, out)
+
+
+def _decode_table(fd: int, header: _FileHeader, layout: TableLayout, picked: list[str],
+                  text: set[str], leaves: I64, path: Path) -> pl.DataFrame | None:
+    # Per record column its output slot (-1: not wanted); the rowid alias (NULL in the
+    # record) is filled from the cell instead.
+    index = {c: i for i, c in enumerate(layout.columns)}
+    slot_of = np.full(len(layout.columns), -1, np.int64)
+    text_of = np.zeros(len(layout.columns), np.bool_)
+    for slot, c in enumerate(picked):
+        if index[c] != layout.rowid_alias:
+            slot_of[index[c]] = slot
+            text_of[index[c]] = c in text
+    want_col = np.flatnonzero(slot_of >= 0).astype(np.int64)
+    alias_slot = next((s for s, c in enumerate(picked) if index[c] == layout.rowid_alias), -1)
+    has_default = np.array(layout.has_default, np.bool_)
+    n_text = int(text_of.sum())
+
+    size = header.page_size
+    per_window = WINDOW_BYTES // size
+    buf = np.empty(per_window * size, np.uint8)
+    view = buf.data
+    values = np.empty((len(picked), 0), np.int64)
+    nulls = np.zeros(len(picked), np.int64)
+    pool = _Pool()
+    rows = 0
+    i = 0
+    while i < len(leaves):
+        # The run of leaves from i that lie in one window of pages (B-tree order is
+        # mostly file order: an export is written front to back).
+        first = int(leaves[i])
+        ahead = leaves[i:i + per_window]
+        inside = (ahead >= first) & (ahead < first + per_window)
+        run = len(ahead) if bool(inside.all()) else int(np.argmin(inside))
+        pos = ahead[:run] - first
+        span = int(pos.max()) + 1
+        if first + span - 1 > header.pages:
+            return None
+        if os.preadv(fd, [view[:span * size]], (first - 1) * size) != span * size:
+            return None
+        cells = count_cells(buf, pos, size, header.usable)
+        if cells < 0:
+            log.debug("%s: page of leaf run at %d is not a table leaf", path, first)
+            return None
+        if rows + cells > values.shape[1]:
+            # First window: a guess from its cells per page; later: grow by half.
+            guess = cells * len(leaves) // max(run, 1) + 1024
+            grown = np.empty((len(picked), max(rows + cells, guess, values.shape[1] * 3 // 2)),
+                             np.int64)
+            grown[:, :rows] = values[:, :rows]
+            values = grown
+        if n_text:
+            pool.reserve(cells * n_text, span * size)
+        rows, status = decode_leaves(
+            buf, pos, size, header.usable, slot_of, text_of, want_col, has_default,
+            alias_slot, values, rows, nulls, pool.table, pool.data, pool.offsets,
+            pool.hashes, pool.state)
+        if status != OK:
+            log.debug("%s: not read natively: %s", path, _WHY.get(status, status))
+            return None
+        i += run
+    return _frame(picked, text, values[:, :rows], nulls, pool)
+
+
+def _frame(picked: list[str], text: set[str], values: I64, nulls: I64,
+           pool: _Pool) -> pl.DataFrame | None:
+    strings = pool.strings() if any(c in text for c in picked) else None
+    out: list[pl.Series] = []
+    for slot, name in enumerate(picked):
+        col = pl.Series(name, values[slot])  # a view: no copy
+        if name in text:
+            if strings is None:
+                return None
+            codes = col.to_frame().select(pl.when(pl.col(name) >= 0).then(pl.col(name)))
+            out.append(strings.gather(codes.to_series()).alias(name))
+        elif nulls[slot]:
+            out.append(col.to_frame().select(
+                pl.when(pl.col(name) != NULL).then(pl.col(name))).to_series())
+        else:
+            out.append(col)
+    return pl.DataFrame(out)
+
+
+# --- compiled loops --------------------------------------------------------------------
+# ``int(b[i])`` of a byte stays a uint8 in numba; every expression it meets here is int64,
+# to which a uint8 widens exactly (only uint64 and int64 together would become float64).
+
+
+@_jit.helper
+def _u16(b: U8, i: int) -> int:
+    return (int(b[i]) << 8) | int(b[i + 1])
+
+
+@_jit.helper
+def _u32(b: U8, i: int) -> int:
+    return ((int(b[i]) << 24) | (int(b[i + 1]) << 16) | (int(b[i + 2]) << 8)
+            | int(b[i + 3]))
+
+
+@_jit.helper
+def _varint(b: U8, i: int, end: int) -> tuple[int, int]:
+    """SQLite's varint at ``b[i]`` (1-9 bytes, big-endian, 7 bits a byte but 8 in the
+    ninth): ``(value, next index)``, next index -1 when it would run past ``end``."""
+    v = 0
+    for _ in range(8):
+        if i >= end:
+            return 0, -1
+        c = int(b[i])
+        i += 1
+        v = (v << 7) | (c & 0x7F)
+        if c < 0x80:
+            return v, i
+    if i >= end:
+        return 0, -1
+    return (v << 8) | int(b[i]), i + 1
+
+
+@_jit.helper
+def _serial_size(st: int) -> int:
+    """Bytes a value of serial type ``st`` takes in the record body; -1: invalid."""
+    if st < 5:
+        return st
+    if st == 5:
+        return 6
+    if st < 8:
+        return 8
+    if st < 10:
+        return 0
+    if st < 12:
+        return -1
+    return (st - 12) >> 1
+
+
+_SMALL_SIZES = np.array([_serial_size(st) for st in range(0x80)], np.int64)
+"""Value sizes of the serial types below 128 (one varint byte), looked up, not computed:
+the types alternate within a record, so the comparisons of :func:`_serial_size`
+would mispredict on most columns."""
+
+
+@_jit.helper
+def _intern(b: U8, start: int, size: int, table: I64, data: U8, offsets: I64, hashes: I64,
+            state: I64) -> int:
+    """Index of the string ``b[start:start + size]`` in the pool, added when new (FNV-1a
+    hash, linear probing; the caller reserved room for it)."""
+    h = np.int64(-3750763034362895579)  # FNV-1a 64-bit offset basis, as a signed int
+    for k in range(size):
+        h = (h ^ int(b[start + k])) * np.int64(1099511628211)
+    mask = len(table) - 1
+    s = h & mask
+    while True:
+        d = int(table[s])
+        if d < 0:
+            break
+        if hashes[d] == h and offsets[d + 1] - offsets[d] == size:
+            a = offsets[d]
+            same = True
+            for k in range(size):
+                if data[a + k] != b[start + k]:
+                    same = False
+                    break
+            if same:
+                return d
+        s = (s + 1) & mask
+    d = int(state[0])
+    used = int(state[1])
+    for k in range(size):
+        data[used + k] = b[start + k]
+    offsets[d + 1] = used + size
+    hashes[d] = h
+    table[s] = d
+    state[0] = d + 1
+    state[1] = used + size
+    return d
+
+
+@_jit.loop
+def rehash(hashes: I64, n: int, table: I64) -> None:
+    """Insert strings ``0..n-1`` into an empty (all -1) hash ``table`` by their hashes."""
+    mask = len(table) - 1
+    for d in range(n):
+        s = hashes[d] & mask
+        while table[s] >= 0:
+            s = (s + 1) & mask
+        table[s] = d
+
+
+@_jit.loop
+def interior_children(buf: U8, n_pages: int, page_size: int, usable: int, out: I64) -> int:
+    """The child pages of ``n_pages`` interior table pages held one after another in
+    ``buf``, in key order (each cell's left child, then the page's right-most child);
+    how many were written to ``out``, or -1 for a page that is not an interior page or
+    a cell outside its page."""
+    n = 0
+    for p in range(n_pages):
+        base = p * page_size
+        if buf[base] != INTERIOR:
+            return -1
+        cells = _u16(buf, base + 3)
+        if 12 + 2 * cells > usable:
+            return -1
+        for c in range(cells):
+            off = _u16(buf, base + 12 + 2 * c)
+            if off < 12 or off + 4 > usable:
+                return -1
+            out[n] = _u32(buf, base + off)
+            n += 1
+        out[n] = _u32(buf, base + 8)
+        n += 1
+    return n
+
+
+@_jit.loop
+def count_cells(buf: U8, pos: I64, page_size: int, usable: int) -> int:
+    """Cells on the leaf pages at ``pos`` (page indexes into ``buf``); -1 when one is not
+    a table leaf page or its cell pointers would not fit on it."""
+    total = 0
+    for j in range(len(pos)):
+        base = pos[j] * page_size
+        if buf[base] != LEAF:
+            return -1
+        cells = _u16(buf, base + 3)
+        if 8 + 2 * cells > usable:
+            return -1
+        total += cells
+    return total
+
+
+@_jit.loop
+def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
+                  text_of: BOOL, want_col: I64, has_default: BOOL, alias_slot: int,
+                  values: I64, row: int, nulls: I64, table: I64, data: U8, offsets: I64,
+                  hashes: I64, state: I64) -> tuple[int, int]:
+    """Decode every cell of the leaf pages at ``pos`` into ``values[slot, row]``,
+    from ``row`` on: integers (NULL as :data:`NULL`), text as pool indexes (NULL -1),
+    the rowid alias from the cell. ``slot_of[col]`` is a record column's output slot
+    (-1: not wanted), ``text_of[col]`` whether it is text; ``want_col`` the wanted
+    columns. ``state`` is the pool's, plus the last rowid read (rowids must ascend).
+    Returns ``(next row, status)``.
+
+    The hot path is written out inline (one-byte varints, the size table, the value
+    bytes): through the general helpers it took 80 ns a row, inline 30-40."""
+    n_cols = len(slot_of)
+    last_wanted = -1
+    for k in range(len(want_col)):
+        last_wanted = max(last_wanted, want_col[k])
+    local_max = usable - 35  # payloads longer than this spill onto overflow pages
+    for j in range(len(pos)):
+        base = pos[j] * page_size
+        end_of_page = base + usable
+        cells = _u16(buf, base + 3)
+        for c in range(cells):
+            off = _u16(buf, base + 8 + 2 * c)
+            if off < 8 or off >= usable:
+                return row, CORRUPT
+            # The cell: payload length and rowid, two varints (one byte for most).
+            i = base + off
+            payload = int(buf[i])
+            i += 1
+            if payload >= 0x80:
+                payload, i = _varint(buf, i - 1, end_of_page)
+                if i < 0:
+                    return row, CORRUPT
+            if i >= end_of_page:
+                return row, CORRUPT
+            rowid = int(buf[i])
+            i += 1
+            if rowid >= 0x80:
+                rowid, i = _varint(buf, i - 1, end_of_page)
+                if i < 0:
+                    return row, CORRUPT
+            if payload > local_max:
+                return row, UNSUPPORTED
+            rec_end = i + payload
+            if rec_end > end_of_page or payload < 1:
+                return row, CORRUPT
+            if rowid <= state[2]:  # keys ascend through a table's leaves
+                return row, CORRUPT
+            state[2] = rowid
+            # The record: a header of serial types, then the values.
+            header_len = int(buf[i])
+            h = i + 1
+            if header_len >= 0x80:
+                header_len, h = _varint(buf, i, rec_end)
+                if h < 0:
+                    return row, CORRUPT
+            header_end = i + header_len
+            if header_len < 1 or header_end > rec_end or h > header_end:
+                return row, CORRUPT
+            body = header_end
+            col = 0
+            # The whole header is walked, wanted columns or not: as SQLite does, a record
+            # whose values do not end exactly at its payload's end is damaged.
+            while h < header_end:
+                st = int(buf[h])
+                h += 1
+                if st < 0x80:  # one varint byte: every type but text of 58+ bytes
+                    size = _SMALL_SIZES[st]
+                else:
+                    st, h = _varint(buf, h - 1, header_end)
+                    if h < 0:
+                        return row, CORRUPT
+                    size = _serial_size(st)
+                    if size < 0:
+                        return row, CORRUPT
+                slot = slot_of[col] if col < n_cols else -1
+                if slot >= 0:
+                    if body + size > rec_end:
+                        return row, CORRUPT
+                    if text_of[col]:
+                        if st == 0:
+                            values[slot, row] = -1
+                            nulls[slot] += 1
+                        elif st >= 13 and st & 1:
+                            values[slot, row] = _intern(buf, body, size, table, data,
+                                                        offsets, hashes, state)
+                        else:
+                            return row, TYPE
+                    elif 1 <= st <= 6:  # a big-endian two's-complement integer
+                        v = int(buf[body])
+                        if v >= 128:
+                            v -= 256
+                        for k in range(1, size):
+                            v = (v << 8) | int(buf[body + k])
+                        values[slot, row] = v
+                    elif st == 0:
+                        values[slot, row] = NULL
+                        nulls[slot] += 1
+                    elif st == 8 or st == 9:  # the constants 0 and 1
+                        values[slot, row] = st - 8
+                    else:
+                        return row, TYPE
+                elif size < 0:
+                    return row, CORRUPT
+                body += size
+                col += 1
+            if body != rec_end:
+                return row, CORRUPT
+            if col <= last_wanted:  # columns added to the table after this row was written
+                for k in range(len(want_col)):
+                    wc = want_col[k]
+                    if wc < col:
+                        continue
+                    if has_default[wc]:
+                        return row, UNSUPPORTED
+                    slot = slot_of[wc]
+                    values[slot, row] = -1 if text_of[wc] else NULL
+                    nulls[slot] += 1
+            if alias_slot >= 0:
+                values[alias_slot, row] = rowid
+            row += 1
+    return row, OK

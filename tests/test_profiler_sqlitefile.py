@@ -1,0 +1,253 @@
+"""The native SQLite reader (``agentload.profiler.sqlitefile``) reads exactly what
+``sqlite3`` reads, or declines (``None``) so the driver reads it; it never reads a
+damaged file out of bounds."""
+
+from __future__ import annotations
+
+import importlib
+import random
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentload.profiler import load_profile
+from agentload.profiler.errors import ProfileError
+from agentload.profiler.sqlitefile import read_columns, table_layout
+
+nsight = importlib.import_module("agentload.profiler.nsight")
+TEXT = {"text", "name", "value"}
+
+
+def sql_read(db: Path, table: str, columns: list[str]) -> pl.DataFrame:
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(f'SELECT {", ".join(columns)} FROM "{table}"').fetchall()
+    finally:
+        con.close()
+    schema = {c: pl.String if c in TEXT else pl.Int64 for c in columns}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def native(db: Path, table: str, columns: list[str]) -> pl.DataFrame | None:
+    con = sqlite3.connect(db)
+    try:
+        layout = table_layout(con, table)
+    finally:
+        con.close()
+    assert layout is not None
+    return read_columns(db, layout, columns, TEXT)
+
+
+def make(db: Path, ddl: str, rows: list[tuple[object, ...]], page_size: int = 4096) -> Path:
+    con = sqlite3.connect(db)
+    con.execute(f"PRAGMA page_size = {page_size}")
+    con.execute(ddl)
+    marks = ", ".join("?" * len(rows[0])) if rows else ""
+    if rows:
+        con.executemany(f"INSERT INTO t VALUES ({marks})", rows)
+    con.commit()
+    con.close()
+    return db
+
+
+INTS = [0, 1, -1, 2, 127, 128, -128, -129, 255, 256, 32767, 32768, -32769, (1 << 23) - 1,
+        1 << 23, -(1 << 23) - 1, (1 << 31) - 1, 1 << 31, -(1 << 31) - 1, (1 << 47) - 1,
+        1 << 47, -(1 << 47) - 1, (1 << 63) - 1, -(1 << 63) + 1, 1 << 40, -(1 << 55)]
+
+
+def test_every_integer_width_text_and_null(tmp_path: Path) -> None:
+    """Serial types 1-6, 8 and 9 (SQLite stores 0 and 1 without bytes), NULLs, empty and
+    repeated text, non-ASCII text, the rowid alias."""
+    rows = [(i + 1, v, None if i % 3 == 0 else f"name{i % 4}", "" if i % 5 == 0 else "é ü")
+            for i, v in enumerate(INTS)]
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER, "
+                                     "name TEXT, value TEXT)", rows)
+    cols = ["v", "id", "name", "value"]
+    got = native(db, "t", cols)
+    assert got is not None
+    assert got.equals(sql_read(db, "t", cols))
+    assert got["v"].to_list() == INTS
+    assert got["name"].null_count() == len([r for r in rows if r[2] is None])
+
+
+@pytest.mark.parametrize("page_size", [512, 4096, 65536])
+def test_deep_btree_in_key_order(tmp_path: Path, page_size: int) -> None:
+    """Enough rows for interior levels (512-byte pages: a three-level tree)."""
+    rows = [(i * 7919 % 100_003, i - 20_000, f"model.layers.{i % 32}.mlp") for i in range(40_000)]
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER, b INTEGER, text TEXT)",
+              rows, page_size)
+    got = native(db, "t", ["text", "b", "a"])
+    assert got is not None and got.height == 40_000
+    assert got.equals(sql_read(db, "t", ["text", "b", "a"]))
+
+
+def test_rows_stay_in_rowid_order_when_pages_are_not(tmp_path: Path) -> None:
+    """Deletes free pages that later inserts reuse: leaf pages out of file order."""
+    db = tmp_path / "t.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE t (a INTEGER, b INTEGER)")
+    con.execute("CREATE TABLE pad (x TEXT)")
+    con.executemany("INSERT INTO pad VALUES (?)", [("x" * 400,)] * 2_000)
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(i, -i) for i in range(20_000)])
+    con.execute("DELETE FROM pad")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(i, i * i) for i in range(20_000, 60_000)])
+    con.commit()
+    con.close()
+    got = native(db, "t", ["a", "b"])
+    assert got is not None
+    assert got["a"].to_list() == list(range(60_000))
+    assert got.equals(sql_read(db, "t", ["a", "b"]))
+
+
+def test_columns_added_later(tmp_path: Path) -> None:
+    """Rows written before ALTER TABLE ADD COLUMN lack the column: NULL, as SQLite reads
+    it; with a non-NULL default the reader declines (the driver applies the default)."""
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER)", [(1,), (2,)])
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE t ADD COLUMN b INTEGER")
+    con.execute("INSERT INTO t VALUES (3, 30)")
+    con.commit()
+    got = native(db, "t", ["a", "b"])
+    assert got is not None and got["b"].to_list() == [None, None, 30]
+    con.execute("ALTER TABLE t ADD COLUMN c INTEGER DEFAULT 5")
+    con.commit()
+    con.close()
+    assert native(db, "t", ["a", "b"]) is not None  # c not wanted: no default read
+    assert native(db, "t", ["a", "c"]) is None
+
+
+@pytest.mark.parametrize(("value", "column"), [(1.5, "a"), ("seven", "a"), (b"\x00", "a"),
+                                               (12, "text")])
+def test_a_value_of_another_type_declines(tmp_path: Path, value: object, column: str) -> None:
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a, text)", [(1, "x"), (2, "y")])
+    con = sqlite3.connect(db)
+    con.execute(f"UPDATE t SET {column} = ? WHERE rowid = 2", (value,))
+    con.commit()
+    con.close()
+    assert native(db, "t", ["a", "text"]) is None
+    assert native(db, "t", ["text" if column == "a" else "a"]) is not None
+
+
+def test_overflow_pages_decline_and_the_driver_reads_them(tmp_path: Path) -> None:
+    """A range name longer than a page spills onto overflow pages: the profile still
+    loads (through the driver), with the whole name."""
+    from agentload.profiler.synthetic import SyntheticExport
+
+    x = SyntheticExport()
+    x.process(1, "p")
+    th = x.thread(1, 2)
+    long_name = "model.layers.0." + "x" * 9_000
+    x.push(th, 0, 1_000_000, long_name)
+    x.launch_kernel(th, 1_000, 2_000, "k", api_ns=100, gpu_ns=100)
+    db = x.write(tmp_path / "x.sqlite")
+    assert native(db, nsight.NVTX, ["start", "text"]) is None
+    assert load_profile(db).ranges["name"].to_list() == [long_name]
+
+
+def test_invalid_utf8_declines_and_is_reported(tmp_path: Path) -> None:
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (name TEXT)", [("ok",)])
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO t VALUES (CAST(X'FFFE' AS TEXT))")
+    con.commit()
+    con.close()
+    assert native(db, "t", ["name"]) is None
+
+
+def test_without_rowid_and_wal_decline(tmp_path: Path) -> None:
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER PRIMARY KEY, b) WITHOUT ROWID",
+              [(1, 2)])
+    con = sqlite3.connect(db)
+    assert table_layout(con, "t") is None
+    con.close()
+    wal = make(tmp_path / "w.sqlite", "CREATE TABLE t (a INTEGER)", [(1,)])
+    con = sqlite3.connect(wal)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("INSERT INTO t VALUES (2)")
+    con.commit()
+    # The connection stays open, so the -wal file holds the second row.
+    assert Path(f"{wal}-wal").stat().st_size > 0
+    assert native(wal, "t", ["a"]) is None
+    con.close()
+
+
+def test_load_profile_native_equals_the_driver(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole profile read natively equals the one read through ADBC and through
+    ``sqlite3`` (native reader switched off)."""
+    from tests.test_profiler_sqlite_reader import export, frames
+
+    db = export(tmp_path / "x.sqlite")
+    calls: list[str] = []
+    real = nsight.sqlitefile.read_columns
+
+    def counting(path: Path, layout: object, columns: list[str], text: set[str]) -> object:
+        out = real(path, layout, columns, text)  # type: ignore[arg-type]
+        calls.append("native" if out is not None else "declined")
+        return out
+
+    monkeypatch.setattr(nsight.sqlitefile, "read_columns", counting)
+    fast = frames(db)
+    assert "native" in calls and "declined" not in calls
+    monkeypatch.setattr(nsight.sqlitefile, "read_columns", lambda *a: None)
+    driver = frames(db)
+    monkeypatch.setattr(nsight, "_adbc", lambda: None)
+    slow = frames(db)
+    for a, b, c in zip(fast, driver, slow, strict=True):
+        assert a.schema == b.schema == c.schema
+        assert a.equals(b) and a.equals(c), (a, b, c)
+
+
+def test_damaged_pages_never_crash(tmp_path: Path) -> None:
+    """Random bytes overwritten in a table's pages: the reader declines or reads what
+    ``sqlite3`` reads; it never crashes (an out-of-bounds read would kill the test)."""
+    rows = [(i, i * 1_000, f"model.layers.{i % 40}") for i in range(3_000)]
+    clean = make(tmp_path / "clean.sqlite", "CREATE TABLE t (a INTEGER, b INTEGER, text TEXT)",
+                 rows, 1024)
+    data = clean.read_bytes()
+    page = 1024
+    rng = random.Random(7)
+    outcomes = {"declined": 0, "same": 0, "sqlite3 failed": 0}
+    for trial in range(300):
+        damaged = bytearray(data)
+        for _ in range(rng.choice((1, 4, 32))):
+            at = rng.randrange(2 * page, len(data))  # past page 1 (the schema)
+            damaged[at] = rng.randrange(256)
+        db = tmp_path / f"d{trial % 4}.sqlite"
+        db.write_bytes(bytes(damaged))
+        got = native(db, "t", ["a", "b", "text"])
+        try:
+            want = sql_read(db, "t", ["a", "b", "text"])
+        except (sqlite3.Error, pl.exceptions.PolarsError, OverflowError, UnicodeDecodeError):
+            want = None
+        if got is None:
+            outcomes["declined"] += 1
+        elif want is None:
+            outcomes["sqlite3 failed"] += 1
+        else:
+            assert got.equals(want), trial
+            outcomes["same"] += 1
+    assert outcomes["declined"] > 0 and outcomes["same"] > 0
+    # Where SQLite calls the file malformed, the native reader declined too (the record
+    # and key-order checks it makes; 3,000 trials with other seeds agreed as well).
+    assert outcomes["sqlite3 failed"] == 0
+
+
+def test_a_damaged_export_is_one_line_error(tmp_path: Path) -> None:
+    """Through the whole chain: the native reader declines, the driver fails, sqlite3
+    reports, and the profile command gets one ProfileError."""
+    from tests.test_profiler_sqlite_reader import export
+
+    db = export(tmp_path / "x.sqlite")
+    data = bytearray(db.read_bytes())
+    con = sqlite3.connect(db)
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                       (nsight.KERNEL,)).fetchone()[0]
+    con.close()
+    page = 4096
+    data[(root - 1) * page] = 0x42  # the kernel table's root: no longer a B-tree page
+    db.write_bytes(bytes(data))
+    with pytest.raises(ProfileError, match=r"CUPTI_ACTIVITY_KIND_KERNEL|malformed"):
+        load_profile(db)
