@@ -134,11 +134,21 @@ class _SqliteSource:
             # On this thread: the sqlite3 connection stays on it.
             self.columns(t)
             self._layout(t)
-        with ThreadPoolExecutor(2, thread_name_prefix="agentload-sqlite") as pool:
-            done = list(pool.map(lambda r: self._read_fast(*r), wanted))
-        for (t, c, w), frame in zip(wanted, done, strict=True):
+        native = [(t, c, w) for t, c, w in wanted
+                  if self._layouts.get(t) is not None and w in WHERE_FILTERS]
+        frames = sqlitefile.read_tables(
+            self.path, [(self._layouts[t], c) for t, c, _ in native],  # type: ignore[misc]
+            TEXT_COLUMNS)
+        for (t, c, w), frame in zip(native, frames, strict=True):
+            keep = WHERE_FILTERS[w]
             if frame is not None:
-                self._ready[(t, tuple(c), w)] = frame
+                self._ready[(t, tuple(c), w)] = frame if keep is None else frame.filter(keep)
+        rest = [r for r in wanted if (r[0], tuple(r[1]), r[2]) not in self._ready]
+        with ThreadPoolExecutor(2, thread_name_prefix="agentload-sqlite") as pool:
+            done = list(pool.map(lambda r: self._read_adbc(*r), rest))
+        for (t, c, w), adbc in zip(rest, done, strict=True):
+            if adbc is not None:
+                self._ready[(t, tuple(c), w)] = adbc
             else:  # neither fast reader could: straight to sqlite3 next time
                 self._no_fast.add((t, tuple(c), w))
 

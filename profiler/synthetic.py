@@ -27,8 +27,16 @@ CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT
     deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER,
     streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER,
     demangledName INTEGER NOT NULL, shortName INTEGER NOT NULL, mangledName INTEGER,
-    launchType INTEGER, gridX INTEGER, gridY INTEGER, gridZ INTEGER, blockX INTEGER,
-    blockY INTEGER, blockZ INTEGER, graphNodeId INTEGER, graphId INTEGER);
+    launchType INTEGER, cacheConfig INTEGER, registersPerThread INTEGER,
+    gridX INTEGER, gridY INTEGER, gridZ INTEGER, blockX INTEGER, blockY INTEGER,
+    blockZ INTEGER, staticSharedMemory INTEGER, dynamicSharedMemory INTEGER,
+    localMemoryPerThread INTEGER, localMemoryTotal INTEGER, gridId INTEGER,
+    sharedMemoryExecuted INTEGER, graphNodeId INTEGER, sharedMemoryLimitConfig INTEGER,
+    qmdBulkReleaseDone INTEGER, qmdPreexitDone INTEGER, qmdLastCtaDone INTEGER,
+    graphId INTEGER, clusterX INTEGER, clusterY INTEGER, clusterZ INTEGER,
+    clusterSchedulingPolicy INTEGER, maxPotentialClusterSize INTEGER,
+    maxActiveClusters INTEGER, sharedMemoryRequestedPercentage INTEGER,
+    tensorSizeMinusOneElements INTEGER);
 CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER NOT NULL, end INTEGER NOT NULL,
     deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER,
     streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, bytes INTEGER,
@@ -197,6 +205,14 @@ class SyntheticExport:
         write_tables(path, self.rows, self.strings, self.schema_version)
         return path
 
+
+KERNEL_EXTRA_COLUMNS = {
+    "cacheConfig", "registersPerThread", "staticSharedMemory", "dynamicSharedMemory",
+    "localMemoryPerThread", "localMemoryTotal", "gridId", "sharedMemoryExecuted",
+    "sharedMemoryLimitConfig", "qmdBulkReleaseDone", "qmdPreexitDone", "qmdLastCtaDone",
+    "clusterX", "clusterY", "clusterZ", "clusterSchedulingPolicy", "maxPotentialClusterSize",
+    "maxActiveClusters", "sharedMemoryRequestedPercentage", "tensorSizeMinusOneElements"}
+"""Kernel columns the small test exports leave NULL and the benchmark fills."""
 
 INSERT_COLUMNS = {
     "PROCESSES": "globalPid, pid, name",
