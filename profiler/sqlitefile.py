@@ -343,15 +343,18 @@ def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
     # Per record column its output slot (-1: not wanted); the rowid alias (NULL in the
     # record) is filled from the cell instead.
     index = {c: i for i, c in enumerate(layout.columns)}
-    slot_of = np.full(len(layout.columns), -1, np.int64)
-    text_of = np.zeros(len(layout.columns), np.bool_)
+    # Padded to the most columns a record header can name (a byte each, on one page), so
+    # the loop indexes it by column without a bounds check.
+    slot_of = np.full(max(len(layout.columns), header.usable), -1, np.int64)
+    text_of = np.zeros(len(slot_of), np.bool_)
     for slot, c in enumerate(picked):
         if index[c] != layout.rowid_alias:
             slot_of[index[c]] = slot
             text_of[index[c]] = c in text
     want_col = np.flatnonzero(slot_of >= 0).astype(np.int64)
     alias_slot = next((s for s, c in enumerate(picked) if index[c] == layout.rowid_alias), -1)
-    has_default = np.array(layout.has_default, np.bool_)
+    has_default = np.zeros(len(slot_of), np.bool_)
+    has_default[:len(layout.columns)] = layout.has_default
     n_text = int(text_of.sum())
 
     size = header.page_size
@@ -580,7 +583,6 @@ def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
 
     The hot path is written out inline (one-byte varints, the size table, the value
     bytes): through the general helpers it took 80 ns a row, inline 30-40."""
-    n_cols = len(slot_of)
     last_wanted = -1
     for k in range(len(want_col)):
         last_wanted = max(last_wanted, want_col[k])
@@ -645,7 +647,7 @@ def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
                     size = _serial_size(st)
                     if size < 0:
                         return row, CORRUPT
-                slot = slot_of[col] if col < n_cols else -1
+                slot = slot_of[col]
                 if slot >= 0:
                     if body + size > rec_end:
                         return row, CORRUPT
@@ -673,6 +675,22 @@ def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
                     else:
                         return row, TYPE
                 elif size < 0:
+                    return row, CORRUPT
+                body += size
+                col += 1
+                if col > last_wanted:
+                    break
+            while h < header_end:  # the columns after the last wanted one: sizes only
+                st = int(buf[h])
+                h += 1
+                if st < 0x80:
+                    size = _SMALL_SIZES[st]
+                else:
+                    st, h = _varint(buf, h - 1, header_end)
+                    if h < 0:
+                        return row, CORRUPT
+                    size = _serial_size(st)
+                if size < 0:
                     return row, CORRUPT
                 body += size
                 col += 1
