@@ -251,3 +251,38 @@ def test_a_damaged_export_is_one_line_error(tmp_path: Path) -> None:
     db.write_bytes(bytes(data))
     with pytest.raises(ProfileError, match=r"CUPTI_ACTIVITY_KIND_KERNEL|malformed"):
         load_profile(db)
+
+
+def test_parts_fill_one_output_without_copies(tmp_path: Path) -> None:
+    """Rowids 1..N (as nsys writes them): the parts decoded on two threads land in one
+    shared output, so the frame is a single chunk."""
+    from agentload.profiler.sqlitefile import read_tables
+
+    rows = [(i, -i) for i in range(30_000)]
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER, b INTEGER)", rows, 1024)
+    con = sqlite3.connect(db)
+    layout = table_layout(con, "t")
+    con.close()
+    assert layout is not None
+    (got,) = read_tables(db, [(layout, ["a", "b"])], TEXT, threads=2)
+    assert got is not None and got.n_chunks() == 1
+    assert got.equals(sql_read(db, "t", ["a", "b"]))
+
+
+@pytest.mark.parametrize("deleted", ["every_third", "sparse_keys"])
+def test_rowid_gaps(tmp_path: Path, deleted: str) -> None:
+    """Deleted rows leave gaps in the rowids: parts are copied together (some gaps) or
+    get outputs of their own (keys far sparser than rows); the rows are the same."""
+    db = make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER, b INTEGER)",
+              [(i, i % 7) for i in range(30_000)], 1024)
+    con = sqlite3.connect(db)
+    if deleted == "every_third":
+        con.execute("DELETE FROM t WHERE rowid % 3 = 0")
+    else:
+        con.execute("DELETE FROM t WHERE rowid % 100 != 0")
+        con.execute("INSERT INTO t (rowid, a, b) VALUES (1000000000000, -1, -1)")
+    con.commit()
+    con.close()
+    got = native(db, "t", ["b", "a"])
+    assert got is not None
+    assert got.equals(sql_read(db, "t", ["b", "a"]))
