@@ -14,8 +14,9 @@ Then, each timed from a fresh child process (so the peak RSS is attribution's al
    every kernel is checked against the construction's ground truth. The child keeps
    freed memory for reuse as the ``profile`` commands do (:mod:`.memory`); the same run
    with glibc's defaults follows, to show what that saves;
-2. the same on the Arrow directory and on the SQLite file (there, fetching the rows
-   dominates);
+2. the same on the Arrow directory and on the SQLite file (read by
+   :mod:`.sqlitefile`, straight from SQLite's pages; kernel rows at the documented
+   40-column width, as real exports write them);
 3. the straightforward SQL join (the docs' "innermost enclosing range" query: kernel
    JOIN runtime ON correlationId and the globalPid mask, correlated subquery over
    NVTX_EVENTS with ``ORDER BY start DESC LIMIT 1``, after creating the two indexes it
@@ -23,8 +24,8 @@ Then, each timed from a fresh child process (so the peak RSS is attribution's al
    checksum must equal ours. ``--sql-kernels N`` runs it on the first N kernels only and
    scales the time linearly (said so in the output).
 
-Two ratios are printed: like for like (load + attribute, which yield each kernel's
-innermost range, as the SQL does) and with the per-layer tables added. Each child
+Two ratios are printed for each path: like for like (load + attribute, which yield
+each kernel's innermost range, as the SQL does) and with the per-layer tables added. Each child
 first imports numba and loads the compiled loops' cached code on a tiny export, not
 timed, as the imports are not (the first run on a machine compiles them: about 3 s).
 """
@@ -401,7 +402,7 @@ def profiler_speed(
                        f"(load {lite['load_s']:.2f}, attribute {lite['attribute_s']:.2f}, "
                        f"tables {lite['tables_s']:.2f}), peak RSS "
                        f"{lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
-                       f"{lite['wrong']} kernels misattributed")
+                       f"{lite['wrong']} kernels misattributed; CPU time {lite['cpu_s']:.2f} s")
         limit = sql_kernels or counts["kernels"]
         sql = sql_join(work / "export.sqlite", limit)
         scale = counts["kernels"] / max(sql["rows"], 1)
@@ -416,30 +417,29 @@ def profiler_speed(
         if sql["rows"] == counts["kernels"]:
             same = "same" if sql["checksum"] == pq["checksum"] else "DIFFERENT"
             typer.echo(f"SQL and agentload owners: {same} (checksum over all kernels)")
-        lite_ratio = (f", {sql_total / lite['total_s']:.1f}x (SQLite, fetch included)"
-                      if lite is not None else "")
         def attribution(r: dict[str, Any]) -> float:
             return float(r["load_s"] + r["attribute_s"])
 
+        runs = [("SQLite file", lite), ("Parquet dir", pq), ("Arrow dir", arrow)]
+        runs = [(name, r) for name, r in runs if r is not None]
+
+        def ratios(of: Any) -> str:
+            return ", ".join(f"{of(r):.1f}x ({name})" for name, r in runs)
+
         # Like for like: the SQL yields each kernel's innermost range, as load + attribute
         # do; the per-layer tables are extra work the SQL does not do.
-        typer.echo(f"ratio SQL / agentload, attribution (load + attribute: each kernel's "
-                   f"innermost range, what the SQL computes): "
-                   f"{sql_total / attribution(pq):.1f}x (Parquet dir), "
-                   f"{sql_total / attribution(arrow):.1f}x (Arrow dir); by CPU time "
-                   f"{sql_cpu / pq['attribution_cpu_s']:.1f}x (Parquet dir), "
-                   f"{sql_cpu / arrow['attribution_cpu_s']:.1f}x (Arrow dir)")
-        typer.echo(f"ratio SQL / agentload, attribution + per-layer tables: "
-                   f"{sql_total / pq['total_s']:.1f}x "
-                   f"(Parquet dir), {sql_total / arrow['total_s']:.1f}x (Arrow dir){lite_ratio}; "
-                   f"by CPU time {sql_cpu / pq['cpu_s']:.1f}x (Parquet dir), "
-                   f"{sql_cpu / arrow['cpu_s']:.1f}x (Arrow dir)")
+        typer.echo("ratio SQL / agentload, attribution (load + attribute: each kernel's "
+                   "innermost range, what the SQL computes): "
+                   + ratios(lambda r: sql_total / attribution(r))
+                   + "; by CPU time " + ratios(lambda r: sql_cpu / r["attribution_cpu_s"]))
+        typer.echo("ratio SQL / agentload, attribution + per-layer tables: "
+                   + ratios(lambda r: sql_total / r["total_s"])
+                   + "; by CPU time " + ratios(lambda r: sql_cpu / r["cpu_s"]))
         # Without the index build: as if the indexes were already in the file (nsys does
         # not write them, so the ratios above are the ones a user meets).
         query = sql["query_s"] * scale
-        typer.echo(f"ratio SQL query alone (indexes not counted) / agentload attribution: "
-                   f"{query / attribution(pq):.1f}x (Parquet dir), "
-                   f"{query / attribution(arrow):.1f}x (Arrow dir)")
+        typer.echo("ratio SQL query alone (indexes not counted) / agentload attribution: "
+                   + ratios(lambda r: query / attribution(r)))
         if no_index_kernels:
             con = sqlite3.connect(f"file:{work / 'export.sqlite'}?mode=ro", uri=True)
             cpu = []

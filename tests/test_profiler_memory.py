@@ -57,3 +57,5 @@ def test_the_profiler_bench_runs_small_and_agrees_with_sql(tmp_path: Path) -> No
     assert out.count("0 kernels misattributed") == 3, out
     assert "SQL and agentload owners: same" in out
     assert "Parquet dir, malloc defaults:" in out and "10,101 kernels" in out
+    ratios = [line for line in out.splitlines() if line.startswith("ratio SQL / agentload")]
+    assert len(ratios) == 2 and all("(SQLite file)" in line for line in ratios), out
