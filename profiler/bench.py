@@ -48,6 +48,7 @@ import numpy.typing as npt
 import polars as pl
 import typer
 
+from agentload.profiler.nsight import SQLITE_READER_ENV
 from agentload.profiler.synthetic import (
     INSERT_COLUMNS,
     KERNEL_EXTRA_COLUMNS,
@@ -296,10 +297,12 @@ def _child(path: str, truth: str, retain: bool = True) -> None:
                       "layers": s.layers.height, "checksum": int(owner.sum())}))
 
 
-def _run_child(path: Path, truth: Path, retain: bool = True) -> dict[str, Any]:
+def _run_child(path: Path, truth: Path, retain: bool = True,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     flag = "--child" if retain else "--child-malloc-defaults"
     out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", flag,
-                          str(path), str(truth)], capture_output=True, text=True, check=False)
+                          str(path), str(truth)], capture_output=True, text=True, check=False,
+                         env={**os.environ, **(env or {})})
     if out.returncode:
         raise RuntimeError(f"benchmark child failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -403,6 +406,14 @@ def profiler_speed(
                        f"tables {lite['tables_s']:.2f}), peak RSS "
                        f"{lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
                        f"{lite['wrong']} kernels misattributed; CPU time {lite['cpu_s']:.2f} s")
+            # The same file through the SQLite driver (ADBC, else sqlite3): what the
+            # native page reader (profiler/sqlitefile.py) saves, side by side.
+            driver = _run_child(work / "export.sqlite", truth,
+                                env={SQLITE_READER_ENV: "driver"})
+            typer.echo(f"  SQLite through the driver:     {driver['total_s']:.2f} s (load "
+                       f"{driver['load_s']:.2f}: the native reader is "
+                       f"{driver['load_s'] / lite['load_s']:.1f}x faster), "
+                       f"{driver['wrong']} kernels misattributed")
         limit = sql_kernels or counts["kernels"]
         sql = sql_join(work / "export.sqlite", limit)
         scale = counts["kernels"] / max(sql["rows"], 1)

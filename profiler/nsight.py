@@ -22,6 +22,7 @@ file or a value of the wrong type.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +86,16 @@ SIGNED_IDS = ("globalPid", "globalTid", "endGlobalTid")
 is set, so they are reinterpreted (not cast) to UInt64 before any bit arithmetic."""
 
 
+SQLITE_READER_ENV = "AGENTLOAD_SQLITE_READER"
+"""``driver`` reads SQLite exports through ADBC / ``sqlite3`` only, not the native page
+reader (a way out should the native reader ever misread an export; the benchmark
+uses it to time the driver side by side)."""
+
+
+def _native_reader_on() -> bool:
+    return os.environ.get(SQLITE_READER_ENV, "native").strip().lower() != "driver"
+
+
 class _Source(Protocol):
     """A container of exporter tables: SQLite file or per-table file directory."""
 
@@ -135,7 +146,8 @@ class _SqliteSource:
             self.columns(t)
             self._layout(t)
         native = [(t, c, w) for t, c, w in wanted
-                  if self._layouts.get(t) is not None and w in WHERE_FILTERS]
+                  if self._layouts.get(t) is not None and w in WHERE_FILTERS
+                  and _native_reader_on()]
         frames = sqlitefile.read_tables(
             self.path, [(self._layouts[t], c) for t, c, _ in native],  # type: ignore[misc]
             TEXT_COLUMNS)
@@ -163,7 +175,7 @@ class _SqliteSource:
     def _read_fast(self, table: str, columns: list[str], where: str) -> pl.DataFrame | None:
         """The native read (:mod:`.sqlitefile`), else ADBC's; None when neither can."""
         layout = self._layouts.get(table)
-        if layout is not None and where in WHERE_FILTERS:
+        if layout is not None and where in WHERE_FILTERS and _native_reader_on():
             frame = sqlitefile.read_columns(self.path, layout, columns, TEXT_COLUMNS)
             if frame is not None:
                 keep = WHERE_FILTERS[where]

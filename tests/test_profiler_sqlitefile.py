@@ -176,7 +176,7 @@ def test_without_rowid_and_wal_decline(tmp_path: Path) -> None:
 def test_load_profile_native_equals_the_driver(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole profile read natively equals the one read through ADBC and through
-    ``sqlite3`` (native reader switched off)."""
+    ``sqlite3`` (native reader switched off with AGENTLOAD_SQLITE_READER=driver)."""
     from tests.test_profiler_sqlite_reader import export, frames
 
     db = export(tmp_path / "x.sqlite")
@@ -188,11 +188,23 @@ def test_load_profile_native_equals_the_driver(tmp_path: Path,
         calls.append("native" if out is not None else "declined")
         return out
 
+    real_tables = nsight.sqlitefile.read_tables
+
+    def counting_tables(path: Path, wanted: list[object], text: set[str],
+                        threads: int = 2) -> object:
+        out = real_tables(path, wanted, text, threads)  # type: ignore[arg-type]
+        calls.extend("native" if f is not None else "declined" for f in out)
+        return out
+
     monkeypatch.setattr(nsight.sqlitefile, "read_columns", counting)
+    monkeypatch.setattr(nsight.sqlitefile, "read_tables", counting_tables)
     fast = frames(db)
+    assert calls.count("native") >= 3 + 3  # the three big tables, then the small ones
     assert "native" in calls and "declined" not in calls
-    monkeypatch.setattr(nsight.sqlitefile, "read_columns", lambda *a: None)
+    calls.clear()
+    monkeypatch.setenv(nsight.SQLITE_READER_ENV, "driver")  # the documented way out
     driver = frames(db)
+    assert calls == []
     monkeypatch.setattr(nsight, "_adbc", lambda: None)
     slow = frames(db)
     for a, b, c in zip(fast, driver, slow, strict=True):
