@@ -298,3 +298,137 @@ def test_rowid_gaps(tmp_path: Path, deleted: str) -> None:
     got = native(db, "t", ["b", "a"])
     assert got is not None
     assert got.equals(sql_read(db, "t", ["b", "a"]))
+
+
+# --- crafted pages (found in review): each must be declined, nothing read or written
+# out of bounds --------------------------------------------------------------------------
+
+PAGE = 4096
+
+
+def varint(v: int) -> bytes:
+    """SQLite's varint of ``v`` (taken as unsigned 64-bit)."""
+    v &= (1 << 64) - 1
+    if v >= 1 << 56:
+        high = v >> 8
+        return bytes(0x80 | ((high >> (7 * (7 - k))) & 0x7F) for k in range(8)) + bytes([v & 0xFF])
+    out = [v & 0x7F]
+    v >>= 7
+    while v:
+        out.append(0x80 | (v & 0x7F))
+        v >>= 7
+    return bytes(reversed(out))
+
+
+def with_root_page(tmp_path: Path, ddl: str, page: bytes, rows: list[tuple[object, ...]]) -> Path:
+    """A database whose table ``t`` has ``page`` written over its root page."""
+    db = make(tmp_path / "crafted.sqlite", ddl, rows)
+    con = sqlite3.connect(db)
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 't'").fetchone()[0]
+    con.close()
+    data = bytearray(db.read_bytes())
+    data[(root - 1) * PAGE:root * PAGE] = page
+    db.write_bytes(bytes(data))
+    return db
+
+
+def leaf(cells: list[tuple[int, bytes]]) -> bytes:
+    page = bytearray(PAGE)
+    page[0] = 13
+    page[3:5] = len(cells).to_bytes(2, "big")
+    for k, (at, cell) in enumerate(cells):
+        page[8 + 2 * k:10 + 2 * k] = at.to_bytes(2, "big")
+        page[at:at + len(cell)] = cell
+    return bytes(page)
+
+
+def test_serial_type_sizes_that_wrap_are_refused(tmp_path: Path) -> None:
+    """Blob sizes near 2^62 whose sum wraps 64 bits back to the payload's length: the
+    wanted value's offset would land far outside the page (it crashed) or before the
+    record (it read the cell's own header)."""
+    huge = (1 << 62) - 7
+    types = b"".join(varint(12 + 2 * n) for n in (huge, huge)) + bytes([6])
+    types += b"".join(varint(12 + 2 * n) for n in (huge, huge))
+    pad = (8 - 8 - 4 * huge) % (1 << 64)
+    types += varint(12 + 2 * pad)
+    record = varint(1 + len(types)) + types + (0x1122334455667788).to_bytes(8, "big")
+    cell = varint(len(record)) + varint(1) + record
+    db = with_root_page(tmp_path, "CREATE TABLE t (x, y, a INTEGER, z, w, pad)",
+                        leaf([(3000, cell)]), [(1, 2, 3, 4, 5, 6)])
+    assert native(db, "t", ["a"]) is None
+
+
+def test_overlapping_text_cells_cannot_overrun_the_pool(tmp_path: Path) -> None:
+    """300 cells, each starting inside the previous one's text and running to the page's
+    end: 685 kB of distinct strings from one 4 kB page (it wrote past the pool)."""
+    cells = []
+    start = 8 + 2 * 300
+    for k in range(300):
+        at = start + 8 * k
+        size = PAGE - at - 7
+        cells.append((at, varint(3 + size) + varint(128 + k) + bytes([3]) + varint(13 + 2 * size)))
+    db = with_root_page(tmp_path, "CREATE TABLE t (text TEXT)", leaf(cells), [("x",)])
+    assert native(db, "t", ["text"]) is None
+
+
+def test_an_interior_page_naming_too_many_children_is_refused(tmp_path: Path) -> None:
+    """1,300 overlapping interior cells with ascending keys (it wrote past the child
+    list sized for cells that do not overlap)."""
+    rng = random.Random(1)
+    count = 1_300
+    page = bytearray(PAGE)
+    page[0] = 5
+    page[3:5] = count.to_bytes(2, "big")
+    page[8:12] = (3).to_bytes(4, "big")
+    first = 12 + 2 * count
+    for k in range(first, PAGE):
+        page[k] = rng.randrange(0x80, 0xC0)  # every offset starts a 9-byte varint
+
+    def key(at: int) -> int:
+        v = 0
+        for b in page[at + 4:at + 12]:
+            v = (v << 7) | (b & 0x7F)
+        return (v << 8) | page[at + 12]
+
+    chosen = sorted(range(first, first + count), key=key)
+    for k, at in enumerate(chosen):
+        page[12 + 2 * k:14 + 2 * k] = at.to_bytes(2, "big")
+    db = with_root_page(tmp_path, "CREATE TABLE t (a INTEGER, b TEXT)", bytes(page),
+                        [(i, "x" * 200) for i in range(200)])
+    assert native(db, "t", ["a"]) is None
+
+
+@pytest.mark.parametrize(("ddl", "insert", "cols", "read"), [
+    # The rowid alias decided as SQLite does, not by looking for " DESC" in the DDL.
+    ("CREATE TABLE t (id INTEGER PRIMARY KEY, description TEXT)",
+     "INSERT INTO t VALUES (10, 'a'), (20, 'b')", ["id"], True),
+    ("CREATE TABLE t (id INTEGER, x INTEGER, PRIMARY KEY (id DESC))",
+     "INSERT INTO t VALUES (10, 1), (20, 2)", ["id", "x"], True),
+    ("CREATE TABLE t (id INTEGER PRIMARY KEY DESC, x INTEGER)",
+     "INSERT INTO t VALUES (10, 1), (20, 2)", ["id", "x"], True),
+    ("CREATE TABLE t (id INT PRIMARY KEY, x INTEGER)",
+     "INSERT INTO t VALUES (10, 1), (20, 2)", ["id", "x"], True),
+    # Declined: the record holds a generated column the column list leaves out; -2^63
+    # is the NULL marker; REAL columns come back as floats from SQLite.
+    ("CREATE TABLE t (a INTEGER, g INTEGER GENERATED ALWAYS AS (a * 100) STORED, b INTEGER)",
+     "INSERT INTO t (a, b) VALUES (1, 7), (2, 8)", ["a", "b"], False),
+    ("CREATE TABLE t (a INTEGER)", "INSERT INTO t VALUES (-9223372036854775808), (5)",
+     ["a"], False),
+    ("CREATE TABLE t (a REAL, b INTEGER)", "INSERT INTO t VALUES (1.0, 1), (2.0, 2)",
+     ["a", "b"], False),
+])
+def test_schema_cases(tmp_path: Path, ddl: str, insert: str, cols: list[str],
+                      read: bool) -> None:
+    db = tmp_path / "t.sqlite"
+    con = sqlite3.connect(db)
+    con.execute(ddl)
+    con.execute(insert)
+    con.commit()
+    want = con.execute(f"SELECT {', '.join(cols)} FROM t").fetchall()
+    layout = table_layout(con, "t")
+    con.close()
+    got = None if layout is None else read_columns(db, layout, cols, TEXT)
+    if read:
+        assert got is not None and [tuple(r) for r in got.rows()] == want
+    else:
+        assert got is None
