@@ -142,19 +142,10 @@ class _SqliteSource:
         if len(wanted) < 2:
             return
         for t, _, _ in wanted:
-            # On this thread: the sqlite3 connection stays on it.
-            self.columns(t)
-            self._layout(t)
-        native = [(t, c, w) for t, c, w in wanted
-                  if self._layouts.get(t) is not None and w in WHERE_FILTERS
-                  and _native_reader_on()]
-        frames = sqlitefile.read_tables(
-            self.path, [(self._layouts[t], c) for t, c, _ in native],  # type: ignore[misc]
-            TEXT_COLUMNS)
-        for (t, c, w), frame in zip(native, frames, strict=True):
-            keep = WHERE_FILTERS[w]
+            self.columns(t)  # on this thread: the sqlite3 connection stays on it
+        for (t, c, w), frame in zip(wanted, self._read_native(wanted), strict=True):
             if frame is not None:
-                self._ready[(t, tuple(c), w)] = frame if keep is None else frame.filter(keep)
+                self._ready[(t, tuple(c), w)] = frame
         rest = [r for r in wanted if (r[0], tuple(r[1]), r[2]) not in self._ready]
         with ThreadPoolExecutor(2, thread_name_prefix="agentload-sqlite") as pool:
             done = list(pool.map(lambda r: self._read_adbc(*r), rest))
@@ -172,25 +163,35 @@ class _SqliteSource:
                 self._layouts[table] = None
         return self._layouts[table]
 
+    def _read_native(self, reads: list[tuple[str, list[str], str]]
+                     ) -> list[pl.DataFrame | None]:
+        """Each ``(table, columns, where)`` read by :mod:`.sqlitefile` (all at once, on two
+        threads), its WHERE applied as a filter; None where that reader does not read it
+        (switched off, no layout, a clause it has no filter for, or it declined)."""
+        if not _native_reader_on():
+            return [None] * len(reads)
+        native = [i for i, (t, _, w) in enumerate(reads)
+                  if self._layout(t) is not None and w in WHERE_FILTERS]
+        frames = sqlitefile.read_tables(
+            self.path, [(self._layouts[reads[i][0]], reads[i][1])  # type: ignore[misc]
+                        for i in native], TEXT_COLUMNS)
+        out: list[pl.DataFrame | None] = [None] * len(reads)
+        for i, frame in zip(native, frames, strict=True):
+            keep = WHERE_FILTERS[reads[i][2]]
+            out[i] = frame if frame is None or keep is None else frame.filter(keep)
+        return out
+
     def _read_fast(self, table: str, columns: list[str], where: str) -> pl.DataFrame | None:
         """The native read (:mod:`.sqlitefile`), else ADBC's; None when neither can."""
-        layout = self._layouts.get(table)
-        if layout is not None and where in WHERE_FILTERS and _native_reader_on():
-            frame = sqlitefile.read_columns(self.path, layout, columns, TEXT_COLUMNS)
-            if frame is not None:
-                keep = WHERE_FILTERS[where]
-                return frame if keep is None else frame.filter(keep)
-        return self._read_adbc(table, columns, where)
+        (frame,) = self._read_native([(table, columns, where)])
+        return frame if frame is not None else self._read_adbc(table, columns, where)
 
     def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame:
         ready = self._ready.pop((table, tuple(columns), where), None)
         if ready is not None:
             return ready
-        if (table, tuple(columns), where) not in self._no_fast:
-            self._layout(table)
-            fast = self._read_fast(table, columns, where)
-        else:
-            fast = None
+        fast = (None if (table, tuple(columns), where) in self._no_fast
+                else self._read_fast(table, columns, where))
         if fast is not None:
             return fast
         have = set(self.columns(table))
