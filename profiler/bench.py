@@ -50,8 +50,6 @@ import typer
 
 from agentload.profiler.nsight import SQLITE_READER_ENV
 from agentload.profiler.synthetic import (
-    INSERT_COLUMNS,
-    KERNEL_EXTRA_COLUMNS,
     LAUNCH_KERNEL,
     SCHEMA,
     global_pid,
@@ -218,8 +216,7 @@ def _write_sqlite(path: Path, tables: dict[str, pl.DataFrame], strings: dict[str
             con.execute(stmt)
     con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in strings.items()])
     for name, frame in tables.items():
-        declared = {c.strip() for c in INSERT_COLUMNS[name].split(",")} | KERNEL_EXTRA_COLUMNS
-        cols = [c for c in frame.columns if c in declared]
+        cols = frame.columns  # the frames hold the schema's columns only
         marks = ", ".join("?" * len(cols))
         for chunk in frame.select(cols).iter_slices(500_000):
             con.executemany(f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({marks})",

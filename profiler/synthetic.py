@@ -206,14 +206,6 @@ class SyntheticExport:
         return path
 
 
-KERNEL_EXTRA_COLUMNS = {
-    "cacheConfig", "registersPerThread", "staticSharedMemory", "dynamicSharedMemory",
-    "localMemoryPerThread", "localMemoryTotal", "gridId", "sharedMemoryExecuted",
-    "sharedMemoryLimitConfig", "qmdBulkReleaseDone", "qmdPreexitDone", "qmdLastCtaDone",
-    "clusterX", "clusterY", "clusterZ", "clusterSchedulingPolicy", "maxPotentialClusterSize",
-    "maxActiveClusters", "sharedMemoryRequestedPercentage", "tensorSizeMinusOneElements"}
-"""Kernel columns the small test exports leave NULL and the benchmark fills."""
-
 INSERT_COLUMNS = {
     "PROCESSES": "globalPid, pid, name",
     "ThreadNames": "nameId, priority, globalTid",
