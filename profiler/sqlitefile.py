@@ -757,7 +757,9 @@ def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
             off = _u16(buf, base + 8 + 2 * c)
             if off < 8 or off >= usable:
                 return row, CORRUPT
-            # The cell: payload length and rowid, two varints (one byte for most).
+            # The cell: payload length and rowid, two varints, their one-byte case read
+            # inline (short payloads; rowids below 128). Calling _varint for all of them
+            # measured no faster, and slower in each of three pairs on a busy host.
             i = base + off
             payload = int(buf[i])
             i += 1
