@@ -338,11 +338,14 @@ def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Itera
 def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               input_len: int = 128, output_len: int = 64, runs: int = 3,
               say: Callable[[str], None] = lambda _: None,
-              workdir: Path | None = None, pin_clients: bool = True) -> dict[str, Any]:
+              workdir: Path | None = None, pin_clients: bool = True,
+              server_log: Path | None = None) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
 
     On the embedded server both tools run on the cores its model worker is not bound
-    to (``pin_clients``; see ``clients_off``).
+    to (``pin_clients``; see ``clients_off``): the one started here, or the local one
+    at ``url`` whose ``server_log`` is given. Unpinned on the 2-core CI machine, one
+    run in two read whole 48-token answers in one read and measured a TPOT of 0.
     """
     from agentload.replay.run import detect_token_id_range, probe_target
     from agentload.replay.tiny_model import ensure_tiny_model
@@ -355,8 +358,9 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
                 prefix="agentload-agree-")))
         base = stack.enter_context(_target(url, workdir, say))
-        pinned = (stack.enter_context(clients_off(worker_cpus(workdir / "server.log"), say))
-                  if url is None and pin_clients else None)
+        log = workdir / "server.log" if url is None else server_log
+        pinned = (stack.enter_context(clients_off(worker_cpus(log), say))
+                  if log is not None and pin_clients else None)
         # agentload's replay makes these same 1-token probes before its window opens:
         # their share of the server's counters is taken off agentload's runs.
         before = server_counters(base)

@@ -24,8 +24,9 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None,
 
 
 @pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start the embedded tiny-Llama vLLM CPU server once; yield its base URL."""
+def embedded_server_with_log(tmp_path_factory: pytest.TempPathFactory
+                             ) -> Iterator[tuple[str, Path]]:
+    """Start the embedded tiny-Llama vLLM CPU server once; yield its base URL and log."""
     from agentload.replay.server import ManagedServer, embedded_server_spec
 
     log = tmp_path_factory.mktemp("embedded-server") / "server.log"
@@ -33,4 +34,10 @@ def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     lines: list[str] = []
     with ManagedServer(spec, log, progress=lines.append) as server:
         assert server.running()
-        yield spec.base_url
+        yield spec.base_url, log
+
+
+@pytest.fixture(scope="session")
+def embedded_server(embedded_server_with_log: tuple[str, Path]) -> str:
+    """The embedded server's base URL."""
+    return embedded_server_with_log[0]
