@@ -103,9 +103,11 @@ class RangeIndex:
         range open at ``t0`` started before it and is still open, so it encloses it)."""
         # uint64 on both sides: numba compares uint64 with int64 as float64.
         tid, threads = tid.astype(np.uint64, copy=False), threads.astype(np.uint64, copy=False)
-        return compiled.innermost(tid, got, threads, self.n_thr, t0, t1, base,
-                                  self.thr_first_s, self.s_start, self.s_end, self.parent_s,
-                                  self.order, self.identity)
+        out = np.empty(len(t0), np.int64)
+        compiled.innermost(tid, got, threads, self.n_thr, t0, t1, base, self.thr_first_s,
+                           self.s_start, self.s_end, self.parent_s, self.order, self.identity,
+                           out)
+        return out
 
 
 def index_ranges(r_thr: I64, r_start: I64, r_end: I64) -> tuple[RangeIndex, SweepResult]:
@@ -137,8 +139,9 @@ def index_ranges(r_thr: I64, r_start: I64, r_end: I64) -> tuple[RangeIndex, Swee
     thr_keys = np.arange(n_thr + 1, dtype=np.int64) << time_bits
     thr_first_s = np.searchsorted(skey, thr_keys, "left")
     thr_first_e = np.searchsorted(ekey, thr_keys, "left")
-    depth, parent_s, not_nested = compiled.nesting(s_thr, skey, ekey, thr_first_s,
-                                                   thr_first_e, s_end)
+    depth, parent_s = np.empty(m, np.int64), np.empty(m, np.int64)
+    not_nested = compiled.nesting(s_thr, skey, ekey, thr_first_s, thr_first_e, s_end, depth,
+                                  parent_s)
     del ekey
     if identity:
         parent, depth_out = parent_s, depth
@@ -248,9 +251,8 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     sparse for that fall back to a hash join.
     """
     n = ops.height
-    idx = np.full(n, -1, np.int64)
     if not launches.height or not n:
-        return idx, 0
+        return np.full(n, -1, np.int64), 0
     # uint64 everywhere: numba compares uint64 with int64 as float64.
     l_proc = launches["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False)
     procs = distinct(l_proc)
@@ -264,14 +266,15 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
         first = keyed.unique(["proc", "correlation"], keep="first")
         hit = ops.select("proc", "correlation").with_row_index("op").join(
             first, on=["proc", "correlation"], how="inner")
+        idx = np.full(n, -1, np.int64)
         idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
         return idx, keyed.height - first.height
     table = np.full(total, -1, np.int64)
     dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, base, table)
+    idx = np.empty(n, np.int64)
     del l_proc, l_corr
-    idx = compiled.launch_rows(ops["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False),
-                               ints(ops["correlation"]),
-                               procs, lo, size, base, table)
+    compiled.launch_rows(ops["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False),
+                         ints(ops["correlation"]), procs, lo, size, base, table, idx)
     return idx, dup
 
 
@@ -349,9 +352,10 @@ def _attribute_ops(profile: Profile, notes: list[str], range_side: Future[_Range
         notes.append(f"{dup:,} runtime calls repeat a (process, correlationId) pair; the "
                      "first is used")
     if launches.height:
-        tid, t0, t1, missing = compiled.gather_launches(
+        tid, t0, t1 = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int64)
+        missing = compiled.gather_launches(
             idx, launches["tid"].fill_null(0).to_numpy(), ints(launches["start"], 0),
-            ints(launches["end"], 0))
+            ints(launches["end"], 0), tid, t0, t1)
     else:
         tid, t0, t1 = np.zeros(n, np.uint64), np.zeros(n, np.int64), np.zeros(n, np.int64)
         missing = n
