@@ -14,6 +14,7 @@ from types import FrameType
 import click
 import typer
 
+import agentload._hugepages  # noqa: F401  (first: polars' allocator reads it on import)
 from agentload import AgentloadError, __version__
 from agentload.kernels.cli import ceilings_command, kernels_command
 from agentload.profiler.bench import profiler_speed

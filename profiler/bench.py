@@ -11,9 +11,10 @@ Then, each timed from a fresh child process (so the peak RSS is attribution's al
 
 1. ``agentload.profiler`` on the Parquet directory: ingest + attribute + the per-layer
    tables (``summarize(level="layer")``), wall time and peak RSS; the innermost range of
-   every kernel is checked against the construction's ground truth. The child keeps
-   freed memory for reuse as the ``profile`` commands do (:mod:`.memory`); the same run
-   with glibc's defaults follows, to show what that saves;
+   every kernel is checked against the construction's ground truth. The child sets up
+   the allocators as the ``agentload`` command does: freed memory kept for reuse
+   (:mod:`.memory`), polars' jemalloc asking for huge pages (:mod:`agentload._hugepages`);
+   the same run with the allocators' defaults follows, to show what that saves;
 2. the same on the Arrow directory and on the SQLite file (read by
    :mod:`.sqlitefile`, straight from SQLite's pages; kernel rows at the documented
    40-column width, as real exports write them);
@@ -23,6 +24,10 @@ Then, each timed from a fresh child process (so the peak RSS is attribution's al
    needs) run inside SQLite, summed there so no Python fetch is charged to it; its
    checksum must equal ours. ``--sql-kernels N`` runs it on the first N kernels only and
    scales the time linearly (said so in the output).
+
+Each agentload run is repeated (``--repeat``, 3 by default) and the median run by
+load + attribute is reported, with the spread: a shared machine's noise moves single
+runs of about a second by 20% and more, while the 17 s SQL join averages it out.
 
 Two ratios are printed for each path: like for like (load + attribute, which yield
 each kernel's innermost range, as the SQL does) and with the per-layer tables added. Each child
@@ -48,6 +53,7 @@ import numpy.typing as npt
 import polars as pl
 import typer
 
+from agentload._hugepages import HUGE_PAGES, JEMALLOC_CONF
 from agentload.profiler.nsight import SQLITE_READER_ENV
 from agentload.profiler.synthetic import (
     LAUNCH_KERNEL,
@@ -296,10 +302,16 @@ def _child(path: str, truth: str, retain: bool = True) -> None:
 
 def _run_child(path: Path, truth: Path, retain: bool = True,
                env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One timed child. ``retain``: the allocators set up as the ``agentload`` command
+    sets them (freed memory kept, polars' jemalloc asking for huge pages); else their
+    defaults."""
     flag = "--child" if retain else "--child-malloc-defaults"
+    child_env = dict(os.environ)
+    if retain:
+        child_env.setdefault(JEMALLOC_CONF, HUGE_PAGES)
     out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", flag,
                           str(path), str(truth)], capture_output=True, text=True, check=False,
-                         env={**os.environ, **(env or {})})
+                         env={**child_env, **(env or {})})
     if out.returncode:
         raise RuntimeError(f"benchmark child failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -318,6 +330,23 @@ SELECT count(*), sum(owner) FROM (
    AND (r.globalTid & -16777216) = k.globalPid   -- & 0xFFFFFFFFFF000000 as signed
   WHERE k.rowid <= ?)
 """
+
+
+def _median_run(path: Path, truth: Path, repeat: int,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``repeat`` timed children; the median one by load + attribute, with ``spread``:
+    the fastest and slowest load + attribute."""
+    runs = sorted((_run_child(path, truth, env=env) for _ in range(max(repeat, 1))),
+                  key=lambda r: float(r["load_s"] + r["attribute_s"]))
+    middle = dict(runs[len(runs) // 2])
+    middle["spread"] = (runs[0]["load_s"] + runs[0]["attribute_s"],
+                        runs[-1]["load_s"] + runs[-1]["attribute_s"], len(runs))
+    return middle
+
+
+def _spread(r: dict[str, Any]) -> str:
+    low, high, n = r["spread"]
+    return f"; median of {n}, load + attribute {low:.2f}-{high:.2f} s" if n > 1 else ""
 
 
 def sql_join(path: Path, limit: int) -> dict[str, Any]:
@@ -361,6 +390,9 @@ def profiler_speed(
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", help="Where to build the exports (default: a temporary directory).")]
     = None,
+    repeat: Annotated[int, typer.Option(
+        "--repeat", min=1, help="Time each agentload run this many times; the median run "
+                                "is reported, with the spread.")] = 3,
 ) -> None:
     """Attribute a 10 M-kernel / 2 M-range export; compare with a plain SQL join."""
     with tempfile.TemporaryDirectory(prefix="agentload-bench-profiler-") as tmp:
@@ -377,32 +409,34 @@ def profiler_speed(
                    f"{counts['ranges']:,} ranges ({counts['steps']:,} steps, 2 ranks) in "
                    f"{time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs")
         truth = work / "truth.npy"
-        pq = _run_child(work / "export_pq", truth)
+        pq = _median_run(work / "export_pq", truth, repeat)
         typer.echo(f"agentload.profiler, Parquet dir: {pq['total_s']:.2f} s "
                    f"(load {pq['load_s']:.2f}, attribute {pq['attribute_s']:.2f}, tables "
                    f"{pq['tables_s']:.2f}), peak RSS {pq['peak_rss_bytes'] / 2**30:.2f} GiB, "
                    f"{pq['wrong']} kernels misattributed; CPU time {pq['cpu_s']:.2f} s; warm-up "
-                   f"{pq['warm_up_s']:.2f} s, not counted")
-        # The same Parquet run with glibc's allocator defaults: what retaining freed
-        # memory (profiler/memory.py) saves, side by side.
+                   f"{pq['warm_up_s']:.2f} s, not counted{_spread(pq)}")
+        # The same Parquet run with the allocators' defaults: what retaining freed memory
+        # (profiler/memory.py) and huge pages for polars (agentload/_hugepages.py) save.
         plain = _run_child(work / "export_pq", truth, retain=False)
-        typer.echo(f"  Parquet dir, malloc defaults: {plain['total_s']:.2f} s "
+        typer.echo(f"  Parquet dir, allocator defaults: {plain['total_s']:.2f} s "
                    f"(load {plain['load_s']:.2f}, attribute {plain['attribute_s']:.2f}, tables "
-                   f"{plain['tables_s']:.2f}); freed memory kept saves "
+                   f"{plain['tables_s']:.2f}); kept memory and huge pages save "
                    f"{plain['total_s'] - pq['total_s']:+.2f} s")
-        arrow = _run_child(work / "export_arrow", truth)
+        arrow = _median_run(work / "export_arrow", truth, repeat)
         typer.echo(f"agentload.profiler, Arrow dir:   {arrow['total_s']:.2f} s "
                    f"(load {arrow['load_s']:.2f}, attribute {arrow['attribute_s']:.2f}, tables "
                    f"{arrow['tables_s']:.2f}), peak RSS {arrow['peak_rss_bytes'] / 2**30:.2f} "
                    f"GiB, {arrow['wrong']} kernels misattributed; CPU time "
-                   f"{arrow['cpu_s']:.2f} s; warm-up {arrow['warm_up_s']:.2f} s, not counted")
-        lite = _run_child(work / "export.sqlite", truth) if sqlite_ingest else None
+                   f"{arrow['cpu_s']:.2f} s; warm-up {arrow['warm_up_s']:.2f} s, not counted"
+                   f"{_spread(arrow)}")
+        lite = _median_run(work / "export.sqlite", truth, repeat) if sqlite_ingest else None
         if lite is not None:
             typer.echo(f"agentload.profiler, SQLite:      {lite['total_s']:.2f} s "
                        f"(load {lite['load_s']:.2f}, attribute {lite['attribute_s']:.2f}, "
                        f"tables {lite['tables_s']:.2f}), peak RSS "
                        f"{lite['peak_rss_bytes'] / 2**30:.2f} GiB, "
-                       f"{lite['wrong']} kernels misattributed; CPU time {lite['cpu_s']:.2f} s")
+                       f"{lite['wrong']} kernels misattributed; CPU time {lite['cpu_s']:.2f} s"
+                       f"{_spread(lite)}")
             # The same file through the SQLite driver (ADBC, else sqlite3): what the
             # native page reader (profiler/sqlitefile.py) saves, side by side.
             driver = _run_child(work / "export.sqlite", truth,

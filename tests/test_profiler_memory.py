@@ -1,8 +1,14 @@
-"""retain_freed_memory: a freed large block is reused, so writing the next one faults
-no pages in (glibc), where glibc's defaults map and fault it again."""
+"""The allocators as the ``agentload`` command sets them up.
+
+retain_freed_memory: a freed large block is reused, so writing the next one faults no
+pages in (glibc), where glibc's defaults map and fault it again. agentload._hugepages:
+polars' jemalloc, started by the command, backs a big column with huge pages (a few
+hundred faults, not tens of thousands), and the variable that asks for it is gone
+again, so programs the command starts do not inherit it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,15 +54,59 @@ def test_a_freed_block_is_reused_without_page_faults() -> None:
 
 
 
+HUGE_CHILD = """
+import os, resource, sys
+if sys.argv[1] == "command":
+    import agentload.cli
+import numpy as np, polars as pl
+column = pl.Series(np.arange(20_000_000, dtype=np.int64))  # 160 MB: 39,063 4 KiB pages
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+masked = column & 0xFFFF
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
+      "_RJEM_MALLOC_CONF" in os.environ)
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "absent"
+    return text.split("[")[1].split("]")[0] if "[" in text else "absent"
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
+                    reason="the kernel's transparent huge pages are off")
+def test_polars_columns_get_huge_pages_under_the_command() -> None:
+    def run(mode: str, env: dict[str, str] | None = None) -> tuple[int, bool]:
+        out = subprocess.run([sys.executable, "-c", HUGE_CHILD, mode], capture_output=True,
+                             text=True, check=True, env=env)
+        faults, leaked = out.stdout.split()
+        return int(faults), leaked == "True"
+
+    plain, _ = run("plain")
+    command, leaked = run("command")
+    if _thp_mode() == "madvise":  # "always" gives huge pages without asking
+        assert plain > 20_000, plain
+    assert command < 2_000, command
+    assert not leaked  # children of the command do not inherit the setting
+    # A value the user set is theirs: left in place, and jemalloc reads it.
+    mine, kept = run("command", {**os.environ, "_RJEM_MALLOC_CONF": "thp:never"})
+    assert kept and mine > 20_000, mine
+
+
 def test_the_profiler_bench_runs_small_and_agrees_with_sql(tmp_path: Path) -> None:
     """`agentload bench profiler` end to end on 10 k kernels: every kernel attributed as
-    built, the SQL join's owners equal ours, and the malloc-defaults run is reported."""
-    proc = run_cli("bench", "profiler", "--ranges", "2000", "--workdir", str(tmp_path))
+    built, the SQL join's owners equal ours, the allocator-defaults run is reported, and
+    repeated runs report their median and spread."""
+    proc = run_cli("bench", "profiler", "--ranges", "2000", "--workdir", str(tmp_path),
+                   "--repeat", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert out.count("0 kernels misattributed") == 4, out  # SQLite twice: native, driver
     assert "SQLite through the driver:" in out
     assert "SQL and agentload owners: same" in out
-    assert "Parquet dir, malloc defaults:" in out and "10,101 kernels" in out
+    assert "Parquet dir, allocator defaults:" in out and "10,101 kernels" in out
+    assert out.count("median of 2, load + attribute") == 3, out
     ratios = [line for line in out.splitlines() if line.startswith("ratio SQL / agentload")]
     assert len(ratios) == 2 and all("(SQLite file)" in line for line in ratios), out
