@@ -37,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import mmap
 import os
 import sqlite3
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,12 @@ WINDOW_BYTES = 2 << 20
 PAD = 8
 """Bytes after the pages in a decode buffer: an integer is read as one 8-byte load,
 which may reach past the last page's last value."""
+MADV_POPULATE_READ: int | None = getattr(mmap, "MADV_POPULATE_READ",
+                                         22 if sys.platform.startswith("linux") else None)
+"""Linux 5.14+: fault a mapped range in now, or fail with an error (where touching a
+page that cannot be read would raise SIGBUS instead)."""
+MAPPED_ENV = "AGENTLOAD_SQLITE_MAP"
+"""``0`` reads pages with ``preadv`` copies only, never through a memory map."""
 PARTS_PER_THREAD = 4
 """:func:`read_tables` cuts the work into this many parts a thread."""
 MAX_KEY = (1 << 63) - 1
@@ -209,17 +217,74 @@ class _Decoded:
 
 
 def _decode_part(scan: TableScan, picked: list[str], text: set[str], lo: int, hi: int,
-                 out: tuple[I64, int, int] | None = None) -> _Decoded | None:
+                 out: tuple[I64, int, int] | None = None,
+                 mapped: _MappedFile | None = None) -> _Decoded | None:
     """Rows of ``scan.leaves[lo:hi]``, into ``out`` = ``(values, first row, row limit)``
-    when given (the part's range of a shared output), else into values of its own."""
+    when given (the part's range of a shared output), else into values of its own;
+    pages are read from ``mapped`` where it can, else copied."""
     try:
         fd = os.open(scan.path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        return _decode_table(fd, scan, picked, text, scan.leaves[lo:hi], out)
+        return _decode_table(fd, scan, picked, text, scan.leaves[lo:hi], out, mapped)
     finally:
         os.close(fd)
+
+
+class _MappedFile:
+    """The export mapped read-only into memory, so leaf pages are decoded where the page
+    cache holds them instead of copied into a buffer first: at 10 M kernels the copies
+    (1.4 GB through ``preadv``) were a fifth of the read.
+
+    A mapped page that cannot be read (the file truncated under us, an I/O error) would
+    kill the process with SIGBUS when touched, so each run of pages is faulted in first
+    with ``MADV_POPULATE_READ``, which reports those as errors instead; then the run is
+    read through ``preadv`` like any other. The file's last page is always copied: the
+    8-byte integer loads may reach past a page's end, and past the file's there is no
+    next page to land in."""
+
+    def __init__(self, path: Path, file_pages: int, page_size: int) -> None:
+        self.pages = file_pages
+        self.page_size = page_size
+        with open(path, "rb") as f:  # the mapping outlives the descriptor
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.bytes: U8 = np.frombuffer(self._map, np.uint8)
+
+    @classmethod
+    def open(cls, path: Path, header: _FileHeader) -> _MappedFile | None:
+        """The mapping, or None where mapping is off, unsupported or fails."""
+        if (MADV_POPULATE_READ is None or os.environ.get(MAPPED_ENV, "1").strip() == "0"
+                or header.pages < 2):
+            return None
+        try:
+            mapped = cls(path, header.pages, header.page_size)
+        except (OSError, ValueError):
+            return None
+        if mapped.run(1, 1) is None:  # a kernel without MADV_POPULATE_READ: EINVAL
+            mapped.close()
+            return None
+        return mapped
+
+    def run(self, first: int, span: int) -> U8 | None:
+        """Pages ``first .. first + span - 1`` (1-based) and :data:`PAD` bytes after
+        them, faulted in; None for a run reaching the file's last page, or one the
+        kernel could not fault in."""
+        if first < 1 or first + span - 1 >= self.pages or MADV_POPULATE_READ is None:
+            return None
+        start = (first - 1) * self.page_size
+        end = start + span * self.page_size + PAD
+        aligned = start - start % mmap.PAGESIZE
+        try:
+            self._map.madvise(MADV_POPULATE_READ, aligned, end - aligned)
+        except (OSError, ValueError):
+            return None
+        return self.bytes[start:end]
+
+    def close(self) -> None:
+        del self.bytes
+        with contextlib.suppress(BufferError):  # a view still alive: freed with it
+            self._map.close()
 
 
 def _ascending(parts: list[_Decoded]) -> bool:
@@ -278,6 +343,8 @@ def read_tables(path: Path, wanted: list[tuple[TableLayout, list[str]]], text: s
                     shared[t] = (np.empty((len(picks[t]), keys[1] - keys[0] + 1), np.int64),
                                  keys[0])
     work.sort(key=lambda w: w[1] - w[2])  # biggest first, so no big part runs last
+    first_scan = next((s for s in scans if s is not None), None)
+    mapped = _MappedFile.open(path, first_scan.header) if first_scan is not None else None
 
     def run(w: tuple[int, int, int]) -> _Decoded | None:
         try:
@@ -297,13 +364,17 @@ def read_tables(path: Path, wanted: list[tuple[TableLayout, list[str]]], text: s
             if not 0 <= start <= end:  # keys that contradict the leaves: a damaged tree
                 return None
             out = (values, start, end)
-        return _decode_part(scan, picks[t], text, lo, hi, out)
+        return _decode_part(scan, picks[t], text, lo, hi, out, mapped)
 
-    if threads > 1 and len(work) > 1:
-        with ThreadPoolExecutor(threads, thread_name_prefix="agentload-sqlitefile") as pool:
-            done = list(pool.map(run, work))
-    else:
-        done = [run(w) for w in work]
+    try:
+        if threads > 1 and len(work) > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="agentload-sqlitefile") as pool:
+                done = list(pool.map(run, work))
+        else:
+            done = [run(w) for w in work]
+    finally:
+        if mapped is not None:
+            mapped.close()
     by_table: dict[int, list[tuple[int, _Decoded | None]]] = {}
     for (t, lo, _), part in zip(work, done, strict=True):
         by_table.setdefault(t, []).append((lo, part))
@@ -454,7 +525,8 @@ def _grown(array: A, need: int, keep: int) -> A:
 
 
 def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
-                  leaves: I64, out: tuple[I64, int, int] | None) -> _Decoded | None:
+                  leaves: I64, out: tuple[I64, int, int] | None,
+                  mapped: _MappedFile | None = None) -> _Decoded | None:
     header, layout, path = scan.header, scan.layout, scan.path
     # Per record column its output slot (-1: not wanted); the rowid alias (NULL in the
     # record) is filled from the cell instead.
@@ -477,6 +549,9 @@ def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
     per_window = WINDOW_BYTES // size
     buf = np.zeros(per_window * size + PAD, np.uint8)
     view = buf.data
+    # The loops see pages read-only whether copied or mapped: one compiled version.
+    copied = buf.view()
+    copied.flags.writeable = False
     values, rows, limit = (np.empty((len(picked), 0), np.int64), 0, -1) if out is None else out
     start = rows
     nulls = np.zeros(len(picked), np.int64)
@@ -493,9 +568,12 @@ def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
         span = int(pos.max()) + 1
         if first + span - 1 > header.pages:
             return None
-        if os.preadv(fd, [view[:span * size]], (first - 1) * size) != span * size:
-            return None
-        cells = count_cells(buf, pos, size, header.usable)
+        pages = mapped.run(first, span) if mapped is not None else None
+        if pages is None:
+            if os.preadv(fd, [view[:span * size]], (first - 1) * size) != span * size:
+                return None
+            pages = copied
+        cells = count_cells(pages, pos, size, header.usable)
         if cells < 0:
             log.debug("%s: page of leaf run at %d is not a table leaf", path, first)
             return None
@@ -512,7 +590,7 @@ def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
         if n_text:
             pool.reserve(cells * n_text, span * size)
         rows, status = decode_leaves(
-            buf, pos, size, header.usable, slot_of, text_of, want_col, has_default,
+            pages, pos, size, header.usable, slot_of, text_of, want_col, has_default,
             alias_slot, values, rows, nulls, pool.table, pool.data, pool.offsets,
             pool.hashes, pool.state)
         if status != OK:
@@ -578,7 +656,7 @@ def _big_endian(b: U8, at: int, shift: int) -> int:
          | (np.int64(b[a + _U(2)]) << 40) | (np.int64(b[a + _U(3)]) << 32)
          | (np.int64(b[a + _U(4)]) << 24) | (np.int64(b[a + _U(5)]) << 16)
          | (np.int64(b[a + _U(6)]) << 8) | np.int64(b[a + _U(7)]))
-    return v >> shift
+    return int(v >> shift)
 
 
 @_jit.helper

@@ -5,6 +5,7 @@ damaged file out of bounds."""
 from __future__ import annotations
 
 import importlib
+import os
 import random
 import sqlite3
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentload.profiler import load_profile
+from agentload.profiler import load_profile, sqlitefile
 from agentload.profiler.errors import ProfileError
 from agentload.profiler.sqlitefile import read_columns, table_layout
 
@@ -279,6 +280,77 @@ def test_parts_fill_one_output_without_copies(tmp_path: Path) -> None:
     (got,) = read_tables(db, [(layout, ["a", "b"])], TEXT, threads=2)
     assert got is not None and got.n_chunks() == 1
     assert got.equals(sql_read(db, "t", ["a", "b"]))
+
+
+def _mapped(db: Path) -> sqlitefile._MappedFile | None:
+    fd = os.open(db, os.O_RDONLY)
+    try:
+        header = sqlitefile._file_header(fd, db, True)
+    finally:
+        os.close(fd)
+    assert header is not None
+    return sqlitefile._MappedFile.open(db, header)
+
+
+def _many_pages(tmp_path: Path) -> Path:
+    rows = [(i * 7919 % 100_003, i - 20_000, f"model.layers.{i % 32}.mlp")
+            for i in range(40_000)]
+    return make(tmp_path / "t.sqlite", "CREATE TABLE t (a INTEGER, b INTEGER, text TEXT)",
+                rows)
+
+
+def test_mapped_and_copied_pages_read_the_same(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages decoded in place through the memory map (every run but the one holding the
+    file's last page, which is copied) give what ``preadv`` copies give, and ``sqlite3``."""
+    db = _many_pages(tmp_path)
+    cols = ["a", "b", "text"]
+    if _mapped(db) is None:
+        pytest.skip("no MADV_POPULATE_READ here: pages are always copied")
+    runs: list[bool] = []
+    real_run = sqlitefile._MappedFile.run
+
+    def spy(self: sqlitefile._MappedFile, first: int, span: int) -> object:
+        got = real_run(self, first, span)
+        runs.append(got is not None)
+        return got
+
+    monkeypatch.setattr(sqlitefile._MappedFile, "run", spy)
+    mapped = native(db, "t", cols)
+    assert sum(runs) >= 1 and not all(runs)  # mapped runs, and the last page's copied
+    runs.clear()
+    monkeypatch.setenv(sqlitefile.MAPPED_ENV, "0")
+    copied = native(db, "t", cols)
+    assert not runs  # no mapping at all
+    assert mapped is not None and copied is not None
+    assert mapped.equals(copied) and mapped.equals(sql_read(db, "t", cols))
+
+
+def test_without_populate_pages_are_copied(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that refuses ``MADV_POPULATE_READ`` (before Linux 5.14: EINVAL) gets no
+    mapping, and the read goes on through copies."""
+    db = _many_pages(tmp_path)
+    monkeypatch.setattr(sqlitefile, "MADV_POPULATE_READ", 0x7FFF)  # no such advice
+    assert _mapped(db) is None
+    got = native(db, "t", ["a", "text"])
+    assert got is not None and got.equals(sql_read(db, "t", ["a", "text"]))
+
+
+def test_a_file_truncated_under_the_map_is_an_error_not_sigbus(tmp_path: Path) -> None:
+    """Pages past the file's new end are reported by the populate call (EFAULT), where
+    touching them would kill the process with SIGBUS; the reader then copies with
+    ``preadv``, whose short read declines the table."""
+    db = _many_pages(tmp_path)
+    mapped = _mapped(db)
+    if mapped is None:
+        pytest.skip("no MADV_POPULATE_READ here: pages are always copied")
+    try:
+        assert mapped.run(2, 4) is not None
+        os.truncate(db, 4 * 4096)
+        assert mapped.run(8, 4) is None
+    finally:
+        mapped.close()
 
 
 @pytest.mark.parametrize("deleted", ["every_third", "sparse_keys"])
