@@ -749,7 +749,7 @@ def _same_text(data: U8, a: int, b: U8, start: int, size: int) -> bool:
     if k == size:
         return True
     mask = _tail_mask(size - k)
-    return (_word(data, a + k) & mask) == (_word(b, start + k) & mask)
+    return bool((_word(data, a + k) & mask) == (_word(b, start + k) & mask))
 
 
 @_jit.helper
