@@ -53,7 +53,7 @@ import numpy.typing as npt
 import polars as pl
 import typer
 
-from agentload._hugepages import HUGE_PAGES, JEMALLOC_CONF
+from agentload._hugepages import POLARS_THP
 from agentload.profiler.nsight import SQLITE_READER_ENV
 from agentload.profiler.synthetic import (
     LAUNCH_KERNEL,
@@ -314,7 +314,7 @@ def _run_child(path: Path, truth: Path, retain: bool = True,
     flag = "--child" if retain else "--child-malloc-defaults"
     child_env = dict(os.environ)
     if retain:
-        child_env.setdefault(JEMALLOC_CONF, HUGE_PAGES)
+        child_env.setdefault(POLARS_THP, "1")
     out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", flag,
                           str(path), str(truth)], capture_output=True, text=True, check=False,
                          env={**child_env, **(env or {})})

@@ -105,6 +105,9 @@ class _Source(Protocol):
 
     def columns(self, table: str) -> list[str]: ...
 
+    def not_null(self, table: str) -> set[str]:
+        """The columns the schema declares ``NOT NULL`` (where the container says)."""
+
     def read(self, table: str, columns: list[str], where: str = "") -> pl.DataFrame: ...
 
     def prefetch(self, reads: list[tuple[str, list[str], str]]) -> None:
@@ -124,6 +127,7 @@ class _SqliteSource:
             raise ProfileError(f"{path}: not a readable SQLite file ({exc})") from None
         self._tables = {n for (n,) in names}
         self._cols: dict[str, list[str]] = {}
+        self._not_null: dict[str, set[str]] = {}
         self._ready: dict[tuple[str, tuple[str, ...], str], pl.DataFrame] = {}
         self._no_fast: set[tuple[str, tuple[str, ...], str]] = set()
         self._layouts: dict[str, sqlitefile.TableLayout | None] = {}
@@ -135,7 +139,12 @@ class _SqliteSource:
         if table not in self._cols:
             rows = self.con.execute(f'PRAGMA table_info("{table}")').fetchall()
             self._cols[table] = [r[1] for r in rows]
+            self._not_null[table] = {r[1] for r in rows if r[3]}
         return self._cols[table]
+
+    def not_null(self, table: str) -> set[str]:
+        self.columns(table)
+        return self._not_null[table]
 
     def prefetch(self, reads: list[tuple[str, list[str], str]]) -> None:
         wanted = [(t, c, w) for t, c, w in reads if t in self._tables]
@@ -347,6 +356,9 @@ class _DirSource:
         except Exception as exc:
             raise ProfileError(f"{self._files[table]}: cannot read ({exc})") from None
 
+    def not_null(self, table: str) -> set[str]:
+        return set()  # Parquet and Arrow schemas say, but polars does not tell
+
     def prefetch(self, reads: list[tuple[str, list[str], str]]) -> None:
         """Nothing to do: polars reads each file on all cores already."""
 
@@ -395,11 +407,17 @@ def _ingest(src: _Source, kind: str) -> Profile:
     def read(table: str, columns: list[str], where: str = "") -> pl.DataFrame | None:
         return _unsigned(src.read(table, columns, where)) if table in tables else None
 
+    # A kernel's name is demangledName, else shortName; the schema declares the first
+    # NOT NULL, and where the file says so the second is not read (a tenth of the
+    # kernel table's decode, and the coalesce).
+    kernel_cols = KERNEL_COLUMNS
+    if KERNEL in tables and "demangledName" in src.not_null(KERNEL):
+        kernel_cols = [c for c in KERNEL_COLUMNS if c != "shortName"]
     # The three big tables, read at once where the source can (SQLite: two threads).
-    src.prefetch([(KERNEL, KERNEL_COLUMNS, ""), (RUNTIME, RUNTIME_COLUMNS, ""),
+    src.prefetch([(KERNEL, kernel_cols, ""), (RUNTIME, RUNTIME_COLUMNS, ""),
                   (NVTX, NVTX_COLUMNS, NVTX_WHERE)])
     parts: list[pl.DataFrame] = []
-    for table, op_kind, cols in ((KERNEL, "kernel", KERNEL_COLUMNS),
+    for table, op_kind, cols in ((KERNEL, "kernel", kernel_cols),
                                  (MEMCPY, "memcpy", GPU_COLUMNS),
                                  (MEMSET, "memset", GPU_COLUMNS)):
         frame = read(table, cols)

@@ -611,9 +611,13 @@ def _frame(picked: list[str], text: set[str], values: I64, nulls: I64,
            pool: _Pool) -> pl.DataFrame | None:
     strings = pool.strings() if any(c in text for c in picked) else None
     out: list[pl.Series] = []
+    rows = values.shape[1]
     for slot, name in enumerate(picked):
         col = pl.Series(name, values[slot])  # a view: no copy
-        if name in text:
+        if rows and nulls[slot] == rows:  # all NULL (graph ids outside graphs): no mask
+            out.append(pl.repeat(None, rows, dtype=pl.String if name in text else pl.Int64,
+                                 eager=True).alias(name))
+        elif name in text:
             if strings is None:
                 return None
             codes = col.to_frame().select(pl.when(pl.col(name) >= 0).then(pl.col(name)))
