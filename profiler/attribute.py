@@ -51,6 +51,8 @@ NO_ROWS = np.zeros(0, np.int64)
 NO_MASK = np.zeros(0, bool)
 """An empty ``got`` mask: every point is valid."""
 VIA = pl.Enum(["launch", "graph-node", "graph-launch", "none"])
+SPLIT_LOOKUPS_FROM = 1_000_000
+"""Ops from which the innermost-range lookups run as two halves on two threads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +105,24 @@ class RangeIndex:
         range open at ``t0`` started before it and is still open, so it encloses it)."""
         # uint64 on both sides: numba compares uint64 with int64 as float64.
         tid, threads = tid.astype(np.uint64, copy=False), threads.astype(np.uint64, copy=False)
-        out = np.empty(len(t0), np.int64)
-        compiled.innermost(tid, got, threads, self.n_thr, t0, t1, base, self.thr_first_s,
-                           self.s_start, self.s_end, self.parent_s, self.order, self.identity,
-                           out)
+        n = len(t0)
+        out = np.empty(n, np.int64)
+
+        def lookup(lo: int, hi: int) -> None:
+            compiled.innermost(tid[lo:hi], got[lo:hi] if len(got) else got, threads,
+                               self.n_thr, t0[lo:hi], t1[lo:hi], base, self.thr_first_s,
+                               self.s_start, self.s_end, self.parent_s, self.order,
+                               self.identity, out[lo:hi])
+
+        # Two halves on two threads (each keeps its own cursors, so the answers are the
+        # same): by now the ranges' side is done and the second core is free.
+        if n < SPLIT_LOOKUPS_FROM:
+            lookup(0, n)
+        else:
+            with ThreadPoolExecutor(1, thread_name_prefix="agentload-owners") as pool:
+                other = pool.submit(lookup, n // 2, n)
+                lookup(0, n // 2)
+                other.result()
         return out
 
 
@@ -242,17 +258,31 @@ DENSE_SLACK = 1_000_000
 sparser keys are hash-joined."""
 
 
-def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
-    """Per op the row of its launch on (process, correlationId), -1 when none; and how
-    many launches repeat a key.
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """Per op its launch row (-1: none) and that launch's thread, start and end (0
+    without one); how many ops have none and how many launches repeat a key."""
+
+    rows: I64
+    tid: U64
+    t0: I64
+    t1: I64
+    missing: int
+    repeated: int
+
+
+def _launches_of(ops: pl.DataFrame, launches: pl.DataFrame) -> _Launched:
+    """Each op's launch on (process, correlationId), and what attribution needs of it.
 
     CUPTI correlation ids are small consecutive integers per process, so the join is a
     direct-address table (scatter, then gather): O(N), no hashing or sorting. Keys too
     sparse for that fall back to a hash join.
     """
     n = ops.height
+    tid, t0, t1 = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int64)
     if not launches.height or not n:
-        return np.full(n, -1, np.int64), 0
+        tid[:], t0[:], t1[:] = 0, 0, 0
+        return _Launched(np.full(n, -1, np.int64), tid, t0, t1, n, 0)
     # uint64 everywhere: numba compares uint64 with int64 as float64.
     l_proc = launches["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False)
     procs = distinct(l_proc)
@@ -261,21 +291,26 @@ def _launch_index(ops: pl.DataFrame, launches: pl.DataFrame) -> tuple[I64, int]:
     size = np.maximum(hi - lo + 1, 0)
     base = np.cumsum(size) - size
     total = int(size.sum())
+    l_tid = launches["tid"].fill_null(0).to_numpy()
+    l_start, l_end = ints(launches["start"], 0), ints(launches["end"], 0)
     if total > 4 * launches.height + DENSE_SLACK:
         keyed = launches.select(pl.col("proc"), pl.col("correlation")).with_row_index("row")
         first = keyed.unique(["proc", "correlation"], keep="first")
         hit = ops.select("proc", "correlation").with_row_index("op").join(
             first, on=["proc", "correlation"], how="inner")
-        idx = np.full(n, -1, np.int64)
-        idx[hit["op"].to_numpy()] = hit["row"].to_numpy()
-        return idx, keyed.height - first.height
-    table = np.full(total, -1, np.int64)
+        rows = np.full(n, -1, np.int64)
+        rows[hit["op"].to_numpy()] = hit["row"].to_numpy()
+        missing = compiled.gather_launches(rows, l_tid, l_start, l_end, tid, t0, t1)
+        return _Launched(rows, tid, t0, t1, missing, keyed.height - first.height)
+    table = np.zeros(total, np.int64)  # row + 1; fresh zeroed pages need no fill
     dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, base, table)
-    idx = np.empty(n, np.int64)
     del l_proc, l_corr
-    compiled.launch_rows(ops["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False),
-                         ints(ops["correlation"]), procs, lo, size, base, table, idx)
-    return idx, dup
+    rows = np.empty(n, np.int64)
+    missing = compiled.launch_rows(
+        ops["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False),
+        ints(ops["correlation"]), procs, lo, size, base, table, l_tid, l_start, l_end,
+        rows, tid, t0, t1)
+    return _Launched(rows, tid, t0, t1, missing, dup)
 
 
 def _nullable(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_] | None) -> pl.Series:
@@ -347,19 +382,12 @@ def _attribute_ops(profile: Profile, notes: list[str], range_side: Future[_Range
                    ) -> Attribution:
     ops, launches = profile.ops, profile.launches
     n = ops.height
-    idx, dup = _launch_index(ops, launches)
-    if dup:
-        notes.append(f"{dup:,} runtime calls repeat a (process, correlationId) pair; the "
-                     "first is used")
-    if launches.height:
-        tid, t0, t1 = np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int64)
-        missing = compiled.gather_launches(
-            idx, launches["tid"].fill_null(0).to_numpy(), ints(launches["start"], 0),
-            ints(launches["end"], 0), tid, t0, t1)
-    else:
-        tid, t0, t1 = np.zeros(n, np.uint64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-        missing = n
-    all_got = not missing
+    launched = _launches_of(ops, launches)
+    if launched.repeated:
+        notes.append(f"{launched.repeated:,} runtime calls repeat a (process, correlationId) "
+                     "pair; the first is used")
+    idx, tid, t0, t1 = launched.rows, launched.tid, launched.t0, launched.t1
+    all_got = not launched.missing
     got = idx >= 0
     via = np.where(got, VIA_CODES["launch"], VIA_CODES["none"]).astype(np.uint8) \
         if not all_got else np.zeros(n, np.uint8)

@@ -158,8 +158,9 @@ def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
 @_compiled
 def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
                       table: I64) -> int:
-    """``table[base[p] + corr - lo[p]] = row`` for each launch (the first of repeated
-    keys wins); returns how many launches repeat a key."""
+    """``table[base[p] + corr - lo[p]] = row + 1`` for each launch (0: none, so a fresh
+    zeroed table needs no fill; the first of repeated keys wins); returns how many
+    launches repeat a key."""
     last = np.uint64(0)
     code = -2
     dup = 0
@@ -168,27 +169,42 @@ def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
         c = corr[i]
         if c < 0 or code < 0:
             continue
-        slot = base[code] + c - lo[code]
-        if table[slot] >= 0:
+        slot = _U(base[_U(code)] + c - lo[_U(code)])
+        if table[slot]:
             dup += 1
         else:
-            table[slot] = i
+            table[slot] = i + 1
     return dup
 
 
-@_writing(1)
+@_writing(4)
 def launch_rows(proc: U64, corr: I64, procs: U64, lo: I64, size: I64, base: I64,
-                table: I64, out: I64) -> None:
-    """Per op its launch row through the table into ``out``, -1 when none."""
+                table: I64, l_tid: U64, l_start: I64, l_end: I64, rows: I64, tid: U64,
+                t0: I64, t1: I64) -> int:
+    """Per op its launch row through the table into ``rows`` (-1: none) and the
+    launch's thread, start and end into ``tid``, ``t0``, ``t1`` (0 without a launch),
+    in one pass; returns how many ops have no launch."""
     last = np.uint64(0)
     code = -2
+    missing = 0
     for i in range(len(proc)):
         code, last = _code_in_run(procs, proc[i], last, code)
-        if code < 0:
-            out[i] = -1
-            continue
-        rel = corr[i] - lo[_U(code)]
-        out[i] = table[_U(base[_U(code)] + rel)] if 0 <= rel < size[_U(code)] else -1
+        r = -1
+        if code >= 0:
+            rel = corr[i] - lo[_U(code)]
+            if 0 <= rel < size[_U(code)]:
+                r = table[_U(base[_U(code)] + rel)] - 1
+        rows[i] = r
+        if r < 0:
+            missing += 1
+            tid[i] = 0
+            t0[i] = 0
+            t1[i] = 0
+        else:
+            tid[i] = l_tid[_U(r)]
+            t0[i] = l_start[_U(r)]
+            t1[i] = l_end[_U(r)]
+    return missing
 
 
 @_writing(1)

@@ -93,6 +93,26 @@ def test_general_paths_give_the_same_answers(tmp_path: Path, seed: int,
     assert layers.equals(fast[1])
 
 
+def test_lookups_split_in_two_halves_give_the_same_owners(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big profiles look ops up in two halves on two threads, each half with its own
+    cursors: same owners as one pass, whatever the halves' seam cuts through (a thread's
+    run, a range, with and without ops that have no launch)."""
+    path = build(tmp_path / "x.sqlite", 7)
+    prof = load_profile(path)
+    want = attribute(prof).ops["range"].to_list()
+    for n in (1, 2, prof.ops.height // 3):
+        monkeypatch.setattr(att_mod, "SPLIT_LOOKUPS_FROM", n)
+        assert attribute(prof).ops["range"].to_list() == want
+    # Some ops without a launch (the mask path): the split keeps the mask aligned.
+    cut = dataclasses.replace(prof, launches=prof.launches[::2])
+    monkeypatch.setattr(att_mod, "SPLIT_LOOKUPS_FROM", 10**9)
+    whole = attribute(cut).ops["range"].to_list()
+    monkeypatch.setattr(att_mod, "SPLIT_LOOKUPS_FROM", 3)
+    halves = attribute(cut).ops["range"].to_list()
+    assert halves == whole and whole.count(None) > 0 and any(o is not None for o in whole)
+
+
 def test_shuffled_ops_take_the_sorting_paths(tmp_path: Path) -> None:
     """Ops in random order: the needles and groups must be sorted, same answers."""
     path = build(tmp_path / "x.sqlite", 5)
