@@ -575,6 +575,11 @@ def _nvtx_names(rows: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.DataFrame
     text = (pl.col("text") if "text" in rows.columns else pl.lit(None)).cast(pl.String)
     if "textId" not in rows.columns or not strings.height:
         return rows, text
+    # No registered string at all, or a text on every row: the join (2 M rows: 20 ms)
+    # could change nothing.
+    if rows["textId"].null_count() == rows.height or (
+            "text" in rows.columns and not rows["text"].null_count()):
+        return rows, text
     rows = rows.join(strings.rename({"id": "textId", "value": "_registered"}),
                      on="textId", how="left", maintain_order="left")
     return rows, pl.coalesce(text, pl.col("_registered"))
