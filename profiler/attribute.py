@@ -350,7 +350,9 @@ class _RangeSide:
 def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
     ranges = parse_range_names(raw.with_row_index("idx").with_columns(
         pl.col("idx").cast(pl.Int64)))
-    usable = ranges.filter(~pl.col("is_output") & (pl.col("end") > pl.col("start")))
+    keep = ranges.select(~pl.col("is_output") & (pl.col("end") > pl.col("start"))).to_series()
+    # Filters copy every column; usually every range is usable and of one style.
+    usable = ranges if keep.all() else ranges.filter(keep)
     parent = np.full(ranges.height, -1, np.int64)
     depth = np.zeros(ranges.height, np.int64)
     parts: list[tuple[RangeIndex, I64 | None]] = []
@@ -360,10 +362,11 @@ def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
     base = as_int(usable["start"].min())
     not_nested = 0
     # Push/pop and start/end ranges are indexed apart (they may interleave).
+    styles = usable["style"].unique().to_list()
     for style in ("pushpop", "startend"):
-        part = usable.filter(pl.col("style") == style)
-        if not part.height:
+        if style not in styles:
             continue
+        part = usable if len(styles) == 1 else usable.filter(pl.col("style") == style)
         r_idx = part["idx"].to_numpy()
         index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
                                   ints(part["start"]) - base, ints(part["end"]) - base)
