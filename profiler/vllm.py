@@ -12,6 +12,7 @@ polars); output markers are flagged so they never count as instances.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 MODULE_RE = r"'Module':\s*'([^']+)'"
@@ -31,11 +32,21 @@ COMPILED_RE = r"^Torch Compiled Module \((input|output)\):?(.*)$"
 
 def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
     """The name columns of :func:`_parse`, computed once per distinct name (traces
-    repeat names every step) and joined back."""
+    repeat names every step) and gathered back by each row's categorical code (one
+    hashing pass over the names; joining the parse back on the strings took 1.3x as
+    long at 2 M ranges)."""
     if not ranges.height:
         return _parse(ranges)
-    uniq = _parse(ranges.select(pl.col("name").unique()))
-    out = ranges.join(uniq, on="name", how="left", nulls_equal=True, maintain_order="left")
+    codes = ranges["name"].cast(pl.String).cast(pl.Categorical)
+    names = codes.unique()
+    uniq = _parse(pl.DataFrame({"name": names.cast(pl.String)}))
+    # Physical codes -> row of ``uniq`` (a null name is its own row, as in the join).
+    physical = names.to_physical()
+    top = int(physical.fill_null(0).to_numpy().max()) + 1
+    slot = np.zeros(top + 1, np.int64)
+    slot[physical.fill_null(top).to_numpy()] = np.arange(names.len())
+    rows = slot[codes.to_physical().fill_null(top).to_numpy()]
+    out = ranges.hstack(uniq.drop("name")[rows].get_columns())
     if "domain" in out.columns and out["domain"].null_count() < out.height:
         # nsys's naming: a range of a named NVTX domain is "<domain>:<text>".
         out = out.with_columns(label=pl.when(pl.col("domain").is_not_null())
