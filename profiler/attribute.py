@@ -258,6 +258,37 @@ DENSE_SLACK = 1_000_000
 sparser keys are hash-joined."""
 
 
+FEW_RUNS = 64
+"""Up to this many runs of one process, correlation bounds are taken per run with
+numpy's vectorized min and max; more, with the compiled per-launch loop."""
+
+
+def _correlation_bounds(proc: U64, corr: I64) -> tuple[U64, I64, I64]:
+    """The distinct processes (sorted) and per process the lowest and highest
+    non-negative correlation id (``lo > hi``: none). Launches come in long runs of one
+    process (one per rank), so usually a min and a max per run do it."""
+    starts, heads = _runs(proc)
+    procs = np.unique(heads)
+    if len(starts) > FEW_RUNS:
+        lo, hi = compiled.correlation_bounds(proc, corr, procs)
+        return procs, lo, hi
+    lo = np.full(len(procs), np.iinfo(np.int64).max, np.int64)
+    hi = np.full(len(procs), -1, np.int64)
+    ends = np.append(starts[1:], len(proc))
+    for a, b, p in zip(starts.tolist(), ends.tolist(), np.searchsorted(procs, heads).tolist(),
+                       strict=True):
+        run = corr[a:b]
+        low = int(run.min())
+        if low < 0:  # negative ids are no correlation: skip them
+            run = run[run >= 0]
+            if not len(run):
+                continue
+            low = int(run.min())
+        lo[p] = min(int(lo[p]), low)
+        hi[p] = max(int(hi[p]), int(run.max()))
+    return procs, lo, hi
+
+
 @dataclass(frozen=True, slots=True)
 class _Launched:
     """Per op its launch row (-1: none) and that launch's thread, start and end (0
@@ -285,9 +316,8 @@ def _launches_of(ops: pl.DataFrame, launches: pl.DataFrame) -> _Launched:
         return _Launched(np.full(n, -1, np.int64), tid, t0, t1, n, 0)
     # uint64 everywhere: numba compares uint64 with int64 as float64.
     l_proc = launches["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False)
-    procs = distinct(l_proc)
     l_corr = ints(launches["correlation"])
-    lo, hi = compiled.correlation_bounds(l_proc, l_corr, procs)
+    procs, lo, hi = _correlation_bounds(l_proc, l_corr)
     size = np.maximum(hi - lo + 1, 0)
     base = np.cumsum(size) - size
     total = int(size.sum())

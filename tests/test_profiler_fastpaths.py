@@ -156,3 +156,24 @@ def test_busy_union_ignores_ops_that_end_before_they_start() -> None:
         gid, start, end, np.ones(3, bool), False)
     assert first.tolist() == [0] and kernels.tolist() == [3] and ordered
     assert busy.tolist() == [13] and last_end.tolist() == [36]
+
+
+@pytest.mark.parametrize("runs", [1, 3, 200])
+def test_correlation_bounds_per_run_equal_the_loop(runs: int) -> None:
+    """Bounds from numpy's min and max per run of one process (few runs) equal the
+    compiled per-launch loop's, negative ids skipped, a process with none of its own."""
+    from agentload.profiler import compiled
+
+    rng = np.random.default_rng(runs)
+    n = 6_000
+    proc = np.repeat(rng.choice(np.array([7, 3, 11, 1 << 63], np.uint64), runs),
+                     n // runs).astype(np.uint64)
+    corr = rng.integers(-50, 100_000, len(proc)).astype(np.int64)
+    corr[proc == 11] = -1  # process 11 launched nothing with a correlation id
+    procs, lo, hi = att_mod._correlation_bounds(proc, corr)
+    assert procs.tolist() == sorted(set(proc.tolist()))
+    want_lo, want_hi = compiled.correlation_bounds(proc, corr, procs)
+    assert lo.tolist() == want_lo.tolist() and hi.tolist() == want_hi.tolist()
+    if 11 in procs.tolist():
+        k = procs.tolist().index(11)
+        assert lo[k] > hi[k]
