@@ -11,10 +11,12 @@ documented and has been stable since 2004 (https://www.sqlite.org/fileformat2.ht
   0, 1, a REAL, text or a blob) followed by the values.
 
 This module lists a table's leaf pages in key order by walking its interior pages. It
-reads the file in large windows (``preadv`` into one reused buffer, so memory stays
-bounded whatever the file's size) and decodes only the wanted columns of every record
-in compiled loops (numba, compiled on first use and cached like the attribution's
-loops). Rows come out in rowid order, as ``SELECT`` returns them. Text is pooled: each
+decodes them where the page cache holds them, through a read-only memory map (each run
+of pages faulted in first, so a page that cannot be read is an error, not SIGBUS), or
+else copied in large windows (``preadv`` into one reused buffer); either way memory
+stays bounded whatever the file's size. Only the wanted columns of every record are
+decoded, in compiled loops (numba, compiled on first use and cached like the
+attribution's loops). Rows come out in rowid order, as ``SELECT`` returns them. Text is pooled: each
 distinct string is stored once and every row holds its index, because NVTX range names
 repeat every step.
 
@@ -239,8 +241,9 @@ class _MappedFile:
 
     A mapped page that cannot be read (the file truncated under us, an I/O error) would
     kill the process with SIGBUS when touched, so each run of pages is faulted in first
-    with ``MADV_POPULATE_READ``, which reports those as errors instead; then the run is
-    read through ``preadv`` like any other. The file's last page is always copied: the
+    with ``MADV_POPULATE_READ``, which reports those as errors instead; a run that fails
+    is read through ``preadv`` (whose short read then declines the table). The file's
+    last page is always copied: the
     8-byte integer loads may reach past a page's end, and past the file's there is no
     next page to land in."""
 
