@@ -80,8 +80,9 @@ class LazyJit:
         """``loop``, for an entry point that fills its last ``outputs`` arrays (passed
         as they are, the inputs before them read-only). The caller allocates them with
         numpy, which asks the kernel for huge pages for big arrays (numba's own
-        allocations do not): a fresh 80 MB output then faults in 40 pages, not 20,000,
-        and at 10 M ops that was a fifth of attribution's time."""
+        allocations do not): a fresh 80 MB output then faults in 40 pages, not 20,000
+        (with the unsigned indexes below, attribution of 10 M ops went from 0.40-0.42 s
+        to 0.32-0.37 s)."""
         return lambda fn: self._loop(fn, outputs)
 
     def _loop(self, fn: F, outputs: int) -> F:
