@@ -187,7 +187,7 @@ class _SqliteSource:
         out: list[pl.DataFrame | None] = [None] * len(reads)
         for i, frame in zip(native, frames, strict=True):
             keep = WHERE_FILTERS[reads[i][2]]
-            out[i] = frame if frame is None or keep is None else frame.filter(keep)
+            out[i] = frame if frame is None or keep is None else _filtered(frame, keep)
         return out
 
     def _read_fast(self, table: str, columns: list[str], where: str) -> pl.DataFrame | None:
@@ -273,6 +273,13 @@ class _SqliteSource:
 
     def close(self) -> None:
         self.con.close()
+
+
+def _filtered(frame: pl.DataFrame, keep: pl.Expr) -> pl.DataFrame:
+    """``frame`` where ``keep`` holds; itself, not a copy, where it holds on every row
+    (NVTX_EVENTS of ranges only: a 2 M-row copy saved)."""
+    mask = frame.select(keep).to_series()
+    return frame if not mask.null_count() and mask.all() else frame.filter(mask)
 
 
 def _ro_uri(path: Path) -> str:
