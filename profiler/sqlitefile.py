@@ -352,6 +352,7 @@ def read_tables(path: Path, wanted: list[tuple[TableLayout, list[str]]], text: s
     # says: 2 M NVTX rows take as long as 5 M kernel rows), then the biggest parts, so
     # no big part starts last and the threads finish together.
     work.sort(key=lambda w: (w[0] not in whole, w[1] - w[2]))
+    early: dict[int, pl.DataFrame | None] = {}  # frames of one-part tables, built early
     first_scan = next((s for s in scans if s is not None), None)
     mapped = _MappedFile.open(path, first_scan.header) if first_scan is not None else None
 
@@ -373,7 +374,13 @@ def read_tables(path: Path, wanted: list[tuple[TableLayout, list[str]]], text: s
             if not 0 <= start <= end:  # keys that contradict the leaves: a damaged tree
                 return None
             out = (values, start, end)
-        return _decode_part(scan, picks[t], text, lo, hi, out, mapped)
+        part = _decode_part(scan, picks[t], text, lo, hi, out, mapped)
+        if part is not None and t in whole:
+            # A one-part table (text: NVTX) starts first and ends early: its frame (the
+            # strings gathered, NULLs masked) is built here while the other thread
+            # still decodes, not afterwards on one core.
+            early[t] = part.frame(picks[t], text)
+        return part
 
     try:
         if threads > 1 and len(work) > 1:
@@ -394,7 +401,7 @@ def read_tables(path: Path, wanted: list[tuple[TableLayout, list[str]]], text: s
         if not got or len(parts) < len(got) or not _ascending(parts):
             frames.append(None)
             continue
-        frames.append(_joined(parts, picks[t], text))
+        frames.append(early[t] if t in early else _joined(parts, picks[t], text))
     return frames
 
 
