@@ -607,8 +607,8 @@ def _decode_table(fd: int, scan: TableScan, picked: list[str], text: set[str],
             pool.reserve(cells * n_text, span * size)
         rows, status = decode_leaves(
             pages, pos, size, header.usable, slot_of, text_of, want_col, has_default,
-            alias_slot, values, rows, nulls, pool.table, pool.data, pool.offsets,
-            pool.hashes, pool.state)
+            alias_slot, values, rows, limit if limit >= 0 else values.shape[1], nulls,
+            pool.table, pool.data, pool.offsets, pool.hashes, pool.state)
         if status != OK:
             log.debug("%s: not read natively: %s", path, _WHY.get(status, status))
             return None
@@ -900,14 +900,15 @@ bytes of 0x80 and up are multi-byte varints, which send the row to the general w
 @_jit.loop
 def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
                   text_of: BOOL, want_col: I64, has_default: BOOL, alias_slot: int,
-                  values: I64, row: int, nulls: I64, table: I64, data: U8, offsets: I64,
-                  hashes: I64, state: I64) -> tuple[int, int]:
+                  values: I64, row: int, row_limit: int, nulls: I64, table: I64, data: U8,
+                  offsets: I64, hashes: I64, state: I64) -> tuple[int, int]:
     """Decode every cell of the leaf pages at ``pos`` into ``values[slot, row]``,
     from ``row`` on: integers (NULL as :data:`NULL`), text as pool indexes (NULL -1),
     the rowid alias from the cell. ``slot_of[col]`` is a record column's output slot
     (-1: not wanted), ``text_of[col]`` whether it is text; ``want_col`` the wanted
     columns. ``state`` is the pool's, plus the last rowid read (rowids must ascend).
-    Returns ``(next row, status)``.
+    Rows at or past ``row_limit`` are refused (the page is called corrupt), as are cell
+    pointers past the page. Returns ``(next row, status)``.
 
     Two walks of a record's header: when every serial type is one byte (any row
     without text of 58+ bytes) the value offsets are a branch-free prefix sum;
@@ -924,6 +925,11 @@ def decode_leaves(buf: U8, pos: I64, page_size: int, usable: int, slot_of: I64,
         base = pos[_U(j)] * page_size
         end_of_page = base + usable
         cells = _u16(buf, base + 3)
+        # Checked again here, not only by count_cells: mapped pages are the file's own
+        # memory, which a writer could change in between, and nothing is written past
+        # the page's cell pointers or the rows the caller made room for.
+        if 8 + 2 * cells > usable or row + cells > row_limit:
+            return row, CORRUPT
         for c in range(cells):
             off = _u16(buf, base + 8 + 2 * c)
             if off < 8 or off >= usable:
