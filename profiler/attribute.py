@@ -318,9 +318,9 @@ def _launches_of(ops: pl.DataFrame, launches: pl.DataFrame) -> _Launched:
     l_proc = launches["proc"].fill_null(0).to_numpy().astype(np.uint64, copy=False)
     l_corr = ints(launches["correlation"])
     procs, lo, hi = _correlation_bounds(l_proc, l_corr)
-    size = np.maximum(hi - lo + 1, 0)
-    base = np.cumsum(size) - size
-    total = int(size.sum())
+    # In Python ints: ids up to 2^63 - 1 would wrap int64's hi - lo + 1 and its sum.
+    spans = [max(int(h) - int(low) + 1, 0) for low, h in zip(lo, hi, strict=True)]
+    total = sum(spans)
     l_tid = launches["tid"].fill_null(0).to_numpy()
     l_start, l_end = ints(launches["start"], 0), ints(launches["end"], 0)
     if total > 4 * launches.height + DENSE_SLACK:
@@ -332,8 +332,10 @@ def _launches_of(ops: pl.DataFrame, launches: pl.DataFrame) -> _Launched:
         rows[hit["op"].to_numpy()] = hit["row"].to_numpy()
         missing = compiled.gather_launches(rows, l_tid, l_start, l_end, tid, t0, t1)
         return _Launched(rows, tid, t0, t1, missing, keyed.height - first.height)
+    size = np.array(spans, np.int64)  # each and their sum are now small: no wrap
+    base = np.cumsum(size) - size
     table = np.zeros(total, np.int64)  # row + 1; fresh zeroed pages need no fill
-    dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, base, table)
+    dup = compiled.fill_launch_table(l_proc, l_corr, procs, lo, size, base, table)
     del l_proc, l_corr
     rows = np.empty(n, np.int64)
     missing = compiled.launch_rows(
@@ -381,8 +383,9 @@ def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
     ranges = parse_range_names(raw.with_row_index("idx").with_columns(
         pl.col("idx").cast(pl.Int64)))
     keep = ranges.select(~pl.col("is_output") & (pl.col("end") > pl.col("start"))).to_series()
-    # Filters copy every column; usually every range is usable and of one style.
-    usable = ranges if keep.all() else ranges.filter(keep)
+    # Filters copy every column; usually every range is usable and of one style. (A
+    # null in the mask, a range without a start or end, is dropped, as filter drops it.)
+    usable = ranges if not keep.null_count() and keep.all() else ranges.filter(keep)
     parent = np.full(ranges.height, -1, np.int64)
     depth = np.zeros(ranges.height, np.int64)
     parts: list[tuple[RangeIndex, I64 | None]] = []

@@ -157,11 +157,12 @@ def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
 
 
 @_compiled
-def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
+def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, size: I64, base: I64,
                       table: I64) -> int:
     """``table[base[p] + corr - lo[p]] = row + 1`` for each launch (0: none, so a fresh
     zeroed table needs no fill; the first of repeated keys wins); returns how many
-    launches repeat a key."""
+    launches repeat a key. An id outside its process's ``lo .. lo + size`` is skipped
+    (the bounds come from these launches, so only a caller's error makes one)."""
     last = np.uint64(0)
     code = -2
     dup = 0
@@ -170,7 +171,10 @@ def fill_launch_table(proc: U64, corr: I64, procs: U64, lo: I64, base: I64,
         c = corr[i]
         if c < 0 or code < 0:
             continue
-        slot = _U(base[_U(code)] + c - lo[_U(code)])
+        rel = c - lo[_U(code)]
+        if not 0 <= rel < size[_U(code)]:
+            continue
+        slot = _U(base[_U(code)] + rel)
         if table[slot]:
             dup += 1
         else:

@@ -242,17 +242,23 @@ class _MappedFile:
     A mapped page that cannot be read (the file truncated under us, an I/O error) would
     kill the process with SIGBUS when touched, so each run of pages is faulted in first
     with ``MADV_POPULATE_READ``, which reports those as errors instead; a run that fails
-    is read through ``preadv`` (whose short read then declines the table). The file's
-    last page is always copied: the
+    is read through ``preadv`` (whose short read then declines the table). What that
+    cannot cover is the file truncated, or a page evicted and then unreadable, in the
+    moments between a run's populate and its decode: that is still SIGBUS, as with
+    SQLite's own memory-mapped I/O, and ``AGENTLOAD_SQLITE_MAP=0`` is the way out for
+    files that may change while they are read (a writer changing pages in place only
+    makes rows decline or mix, never reads out of bounds). The file's last page is
+    always copied: the
     8-byte integer loads may reach past a page's end, and past the file's there is no
     next page to land in."""
 
     def __init__(self, path: Path, file_pages: int, page_size: int) -> None:
-        self.pages = file_pages
         self.page_size = page_size
         with open(path, "rb") as f:  # the mapping outlives the descriptor
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.bytes: U8 = np.frombuffer(self._map, np.uint8)
+        # The file may have shrunk since its header was read: only mapped pages count.
+        self.pages = min(file_pages, len(self.bytes) // page_size)
 
     @classmethod
     def open(cls, path: Path, header: _FileHeader) -> _MappedFile | None:
@@ -282,7 +288,9 @@ class _MappedFile:
             self._map.madvise(MADV_POPULATE_READ, aligned, end - aligned)
         except (OSError, ValueError):
             return None
-        return self.bytes[start:end]
+        run = self.bytes[start:end]
+        # madvise and slicing both shorten a range past the mapping without a word.
+        return run if len(run) == end - start else None
 
     def close(self) -> None:
         del self.bytes

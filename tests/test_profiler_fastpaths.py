@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +179,43 @@ def test_correlation_bounds_per_run_equal_the_loop(runs: int) -> None:
     if 11 in procs.tolist():
         k = procs.tolist().index(11)
         assert lo[k] > hi[k]
+
+
+WRAP_CHILD = """
+import importlib, polars as pl
+A = importlib.import_module("agentload.profiler.attribute")
+top = (1 << 63) - 1
+S = {"proc": pl.UInt64, "correlation": pl.Int64, "tid": pl.UInt64, "start": pl.Int64,
+     "end": pl.Int64}
+launches = pl.DataFrame({"proc": [7, 7, 7] + [8] * 100,
+                         "correlation": [0, 1 << 40, top] + list(range(100)),
+                         "tid": [1] * 103, "start": list(range(103)), "end": [200] * 103},
+                        schema=S)
+ops = pl.DataFrame({"proc": [8, 7, 7], "correlation": [5, top, 3]},
+                   schema={"proc": pl.UInt64, "correlation": pl.Int64})
+got = A._launches_of(ops, launches)
+print(got.rows.tolist(), got.missing)
+"""
+
+
+def test_correlation_ids_up_to_the_int64_limit_take_the_hash_join() -> None:
+    """Ids 0 and 2^63 - 1 in one process: their span does not fit a table (it wrapped
+    int64 to a table of size 0 and the fill wrote past it: SIGSEGV), so the join is
+    hashed, with the same answers."""
+    out = subprocess.run([sys.executable, "-c", WRAP_CHILD], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("]")[0] + "]" == "[8, 2, -1]" and out.stdout.split()[-1] == "1"
+
+
+def test_a_range_without_a_start_is_not_usable() -> None:
+    """A null start or end makes a range unusable (no depth, owns nothing), whether or
+    not the rest pass the usable filter's shortcut."""
+    from agentload.profiler.model import RANGES_SCHEMA
+
+    raw = pl.DataFrame({"proc": [1, 1, 1], "tid": [1, 1, 1], "start": [0, 10, None],
+                        "end": [100, 20, 50], "name": ["a", "b", "c"],
+                        "style": ["pushpop"] * 3, "range_id": [0, 1, 2], "domain": [None] * 3},
+                       schema=RANGES_SCHEMA)
+    side = att_mod._index_all_ranges(raw)
+    assert side.depth.tolist() == [1, 2, 0] and side.parent.tolist() == [-1, 0, -1]

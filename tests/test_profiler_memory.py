@@ -63,7 +63,7 @@ column = pl.Series(np.arange(20_000_000, dtype=np.int64))  # 160 MB: 39,063 4 Ki
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 masked = column & 0xFFFF
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
-      "POLARS_THP" in os.environ)
+      "POLARS_THP" in os.environ or "thp" in os.environ.get("_RJEM_MALLOC_CONF", ""))
 """
 
 

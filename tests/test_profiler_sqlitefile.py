@@ -8,6 +8,8 @@ import importlib
 import os
 import random
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -537,3 +539,36 @@ def test_the_decoder_checks_cell_counts_itself() -> None:
     huge[3:5] = (PAGE // 2).to_bytes(2, "big")  # pointers would run past the page
     rows, status, past = _decode_page(bytes(huge), PAGE)
     assert status == sqlitefile.CORRUPT and rows == 0
+
+
+SHRUNK_CHILD = """
+import os, sqlite3, sys
+from pathlib import Path
+from agentload.profiler import sqlitefile
+from agentload.profiler.sqlitefile import read_columns, table_layout
+db = Path(sys.argv[1])
+con = sqlite3.connect(db)
+con.execute("PRAGMA page_size=4096")
+con.execute("CREATE TABLE t (a INTEGER, b INTEGER)")
+con.executemany("INSERT INTO t VALUES (?,?)", [(i, i * 3) for i in range(300_000)])
+con.commit()
+layout = table_layout(con, "t")
+con.close()
+scan = sqlitefile.scan_table
+def shrinking(*a, **k):
+    found = scan(*a, **k)
+    os.truncate(db, 600 * 4096)  # after the header was read, before the map is made
+    return found
+sqlitefile.scan_table = shrinking
+print(read_columns(db, layout, ["a", "b"], set()))
+"""
+
+
+def test_a_file_shrunk_before_the_map_is_declined(tmp_path: Path) -> None:
+    """The map is as long as the file is when it is made, not when its header was read:
+    runs past it are copies (short reads, so the table declines), never reads past the
+    mapping (this crashed with SIGSEGV before)."""
+    out = subprocess.run([sys.executable, "-c", SHRUNK_CHILD, str(tmp_path / "s.sqlite")],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "None"
