@@ -355,6 +355,16 @@ def _spread(r: dict[str, Any]) -> str:
     return f"; median of {n}, load + attribute {low:.2f}-{high:.2f} s" if n > 1 else ""
 
 
+def _host_check() -> float:
+    """Seconds to copy and sort 8 M int64 (memory-bound, like the loads): the same on
+    a host from run to run unless neighbours compete for its memory and caches, which
+    the load average (this machine's own queue) does not show."""
+    values = np.random.default_rng(0).integers(0, 1 << 62, 8_000_000)
+    t0 = time.perf_counter()
+    np.sort(values.copy())
+    return time.perf_counter() - t0
+
+
 def sql_join(path: Path, limit: int) -> dict[str, Any]:
     """The straightforward SQL attribution, indexes included, on a copy of the file."""
     work = path.with_name("sql_copy.sqlite")
@@ -410,7 +420,9 @@ def profiler_speed(
         verb = "reused" if reuse and ready else "built"
         if not (work / "export_arrow").exists():
             _write_arrowdir(work)
-        typer.echo(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        check0 = _host_check()
+        typer.echo(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+                   f"host check (copy + sort 8 M int64): {check0 * 1e3:.0f} ms")
         typer.echo(f"{verb} {counts['kernels']:,} kernels, {counts['runtime']:,} runtime calls, "
                    f"{counts['ranges']:,} ranges ({counts['steps']:,} steps, 2 ranks) in "
                    f"{time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs")
@@ -505,7 +517,12 @@ def profiler_speed(
         busy = load1 > (os.cpu_count() or 1)
         typer.echo(f"note: load average {load1:.1f} on {os.cpu_count()} CPUs" + (
             ": wall times include waiting for the CPU; compare CPU times" if busy
-            else ": the machine was quiet"))
+            else ": no queue for the CPU"))
+        # Neighbours on a shared host slow memory-bound work without showing in the load
+        # average: the same check at start and end, to compare runs with each other.
+        typer.echo(f"host check (copy + sort 8 M int64): {check0 * 1e3:.0f} ms at start, "
+                   f"{_host_check() * 1e3:.0f} ms at the end; the same work on a quiet "
+                   "host is the baseline to compare runs against")
 
 
 if __name__ == "__main__":

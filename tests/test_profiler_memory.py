@@ -110,5 +110,6 @@ def test_the_profiler_bench_runs_small_and_agrees_with_sql(tmp_path: Path) -> No
     assert "SQL and agentload owners: same" in out
     assert "Parquet dir, allocator defaults:" in out and "10,101 kernels" in out
     assert out.count("median of 2, load + attribute") == 3, out
+    assert "host check (copy + sort 8 M int64):" in out and "ms at the end" in out
     ratios = [line for line in out.splitlines() if line.startswith("ratio SQL / agentload")]
     assert len(ratios) == 2 and all("(SQLite file)" in line for line in ratios), out
