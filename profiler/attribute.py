@@ -42,7 +42,7 @@ import polars as pl
 
 from agentload.profiler import compiled
 from agentload.profiler.errors import ProfileError
-from agentload.profiler.model import OP_KINDS, Profile, as_int
+from agentload.profiler.model import OP_KINDS, Profile, as_int, keep_rows
 from agentload.profiler.vllm import parse_range_names
 
 I64 = npt.NDArray[np.int64]
@@ -382,10 +382,9 @@ class _RangeSide:
 def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
     ranges = parse_range_names(raw.with_row_index("idx").with_columns(
         pl.col("idx").cast(pl.Int64)))
-    keep = ranges.select(~pl.col("is_output") & (pl.col("end") > pl.col("start"))).to_series()
     # Filters copy every column; usually every range is usable and of one style. (A
-    # null in the mask, a range without a start or end, is dropped, as filter drops it.)
-    usable = ranges if not keep.null_count() and keep.all() else ranges.filter(keep)
+    # range without a start or end is dropped, as filter drops it.)
+    usable = keep_rows(ranges, ~pl.col("is_output") & (pl.col("end") > pl.col("start")))
     parent = np.full(ranges.height, -1, np.int64)
     depth = np.zeros(ranges.height, np.int64)
     parts: list[tuple[RangeIndex, I64 | None]] = []
@@ -395,11 +394,10 @@ def _index_all_ranges(raw: pl.DataFrame) -> _RangeSide:
     base = as_int(usable["start"].min())
     not_nested = 0
     # Push/pop and start/end ranges are indexed apart (they may interleave).
-    styles = usable["style"].unique().to_list()
     for style in ("pushpop", "startend"):
-        if style not in styles:
+        part = keep_rows(usable, pl.col("style") == style)
+        if not part.height:
             continue
-        part = usable if len(styles) == 1 else usable.filter(pl.col("style") == style)
         r_idx = part["idx"].to_numpy()
         index, res = index_ranges(codes_in(part["tid"].fill_null(0).to_numpy(), threads),
                                   ints(part["start"]) - base, ints(part["end"]) - base)

@@ -62,6 +62,13 @@ def conform(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame
     return frame.select(cols)
 
 
+def keep_rows(frame: pl.DataFrame, keep: pl.Expr) -> pl.DataFrame:
+    """``frame`` where ``keep`` holds (a null is not kept, as ``filter`` has it); the
+    frame itself, not a copy of every column, when it holds on every row."""
+    mask = frame.select(keep).to_series()
+    return frame if not mask.null_count() and mask.all() else frame.filter(mask)
+
+
 def as_int(value: object, default: int = 0) -> int:
     """A polars scalar (``Series.max()`` and friends) as an int; ``default`` when null."""
     return int(value) if isinstance(value, int | float) else default
