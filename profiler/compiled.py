@@ -138,6 +138,22 @@ def _code_in_run(keys: U64, value: np.uint64, last: np.uint64, code: int
     return _code(keys, value), value
 
 
+@_helper
+def _copy_launch(r: int, i: int, tid: U64, start: I64, end: I64, o_tid: U64, o_start: I64,
+                 o_end: I64) -> int:
+    """Launch row ``r``'s thread, start and end into op ``i``'s slots (0 when ``r`` is
+    -1: no launch); 1 when there was none, else 0."""
+    if r < 0:
+        o_tid[i] = 0
+        o_start[i] = 0
+        o_end[i] = 0
+        return 1
+    o_tid[i] = tid[_U(r)]
+    o_start[i] = start[_U(r)]
+    o_end[i] = end[_U(r)]
+    return 0
+
+
 @_compiled
 def correlation_bounds(proc: U64, corr: I64, procs: U64) -> tuple[I64, I64]:
     """Per process (index into sorted ``procs``) the lowest and highest correlation id
@@ -200,15 +216,7 @@ def launch_rows(proc: U64, corr: I64, procs: U64, lo: I64, size: I64, base: I64,
             if 0 <= rel < size[_U(code)]:
                 r = table[_U(base[_U(code)] + rel)] - 1
         rows[i] = r
-        if r < 0:
-            missing += 1
-            tid[i] = 0
-            t0[i] = 0
-            t1[i] = 0
-        else:
-            tid[i] = l_tid[_U(r)]
-            t0[i] = l_start[_U(r)]
-            t1[i] = l_end[_U(r)]
+        missing += _copy_launch(r, i, l_tid, l_start, l_end, tid, t0, t1)
     return missing
 
 
@@ -401,16 +409,7 @@ def gather_launches(rows: I64, tid: U64, start: I64, end: I64, o_tid: U64, o_sta
     returns how many ops have no launch."""
     missing = 0
     for i in range(len(rows)):
-        r = rows[i]
-        if r < 0:
-            missing += 1
-            o_tid[i] = 0
-            o_start[i] = 0
-            o_end[i] = 0
-            continue
-        o_tid[i] = tid[_U(r)]
-        o_start[i] = start[_U(r)]
-        o_end[i] = end[_U(r)]
+        missing += _copy_launch(rows[i], i, tid, start, end, o_tid, o_start, o_end)
     return missing
 
 
