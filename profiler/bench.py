@@ -31,7 +31,7 @@ runs of about a second by 20% and more, while the 17 s SQL join averages it out.
 
 Two ratios are printed for each path: like for like (load + attribute, which yield
 each kernel's innermost range, as the SQL does) and with the per-layer tables added. Each child
-first imports numba and loads the compiled loops' cached code on a tiny export, not
+first imports numba and loads the compiled loops' cached code on a small export, not
 timed, as the imports are not (the first run on a machine compiles them: about 3 s).
 """
 
@@ -338,15 +338,19 @@ SELECT count(*), sum(owner) FROM (
 """
 
 
+def _attribution_s(r: dict[str, Any]) -> float:
+    """A child's load + attribute: what the SQL join computes, each kernel's owner."""
+    return float(r["load_s"] + r["attribute_s"])
+
+
 def _median_run(path: Path, truth: Path, repeat: int,
                 env: dict[str, str] | None = None) -> dict[str, Any]:
     """``repeat`` timed children; the median one by load + attribute, with ``spread``:
     the fastest and slowest load + attribute."""
     runs = sorted((_run_child(path, truth, env=env) for _ in range(max(repeat, 1))),
-                  key=lambda r: float(r["load_s"] + r["attribute_s"]))
+                  key=_attribution_s)
     middle = dict(runs[len(runs) // 2])
-    middle["spread"] = (runs[0]["load_s"] + runs[0]["attribute_s"],
-                        runs[-1]["load_s"] + runs[-1]["attribute_s"], len(runs))
+    middle["spread"] = (_attribution_s(runs[0]), _attribution_s(runs[-1]), len(runs))
     return middle
 
 
@@ -477,9 +481,6 @@ def profiler_speed(
         if sql["rows"] == counts["kernels"]:
             same = "same" if sql["checksum"] == pq["checksum"] else "DIFFERENT"
             typer.echo(f"SQL and agentload owners: {same} (checksum over all kernels)")
-        def attribution(r: dict[str, Any]) -> float:
-            return float(r["load_s"] + r["attribute_s"])
-
         runs = [("SQLite file", lite), ("Parquet dir", pq), ("Arrow dir", arrow)]
         runs = [(name, r) for name, r in runs if r is not None]
 
@@ -490,7 +491,7 @@ def profiler_speed(
         # do; the per-layer tables are extra work the SQL does not do.
         typer.echo("ratio SQL / agentload, attribution (load + attribute: each kernel's "
                    "innermost range, what the SQL computes): "
-                   + ratios(lambda r: sql_total / attribution(r))
+                   + ratios(lambda r: sql_total / _attribution_s(r))
                    + "; by CPU time " + ratios(lambda r: sql_cpu / r["attribution_cpu_s"]))
         typer.echo("ratio SQL / agentload, attribution + per-layer tables: "
                    + ratios(lambda r: sql_total / r["total_s"])
@@ -499,7 +500,7 @@ def profiler_speed(
         # not write them, so the ratios above are the ones a user meets).
         query = sql["query_s"] * scale
         typer.echo("ratio SQL query alone (indexes not counted) / agentload attribution: "
-                   + ratios(lambda r: query / attribution(r)))
+                   + ratios(lambda r: query / _attribution_s(r)))
         if no_index_kernels:
             con = sqlite3.connect(f"file:{work / 'export.sqlite'}?mode=ro", uri=True)
             cpu = []
