@@ -49,6 +49,12 @@ from agentload.traces import Block, Request, Session, Trace
 
 METRICS = ("ttft", "tpot", "itl")
 QUANTILES = (50, 90)
+# A per-chunk gap this short is no decode step: the client read several events at once
+# and stamped them together. Past this share of a run's gaps, the run measured its own
+# client, not the server (the 2-core CI machine's OS once held agentload's loop back
+# 90 ms: 16 events per read, TPOT 0), and the pair is run again.
+BUNCHED_GAP_S = 1e-4
+SPOILED_SHARE = 0.10
 
 
 def agree_trace(requests: int, input_len: int, output_len: int, salt: int = 0) -> Trace:
@@ -81,6 +87,26 @@ def figures(ttft_s: list[float], per_request_gaps_s: list[np.ndarray],
             "itl": _pcts(gaps)}
 
 
+def bunched_share(per_request_gaps_s: list[np.ndarray]) -> float | None:
+    """The share of per-chunk gaps under ``BUNCHED_GAP_S`` (events read together)."""
+    gaps = [g for g in per_request_gaps_s if g.size]
+    if not gaps:
+        return None
+    pooled = np.concatenate(gaps)
+    return float((pooled < BUNCHED_GAP_S).mean())
+
+
+def spoiled_by(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """Why a pair of runs measured a client rather than the server, or ``None``."""
+    for name, run in (("agentload", ours), ("vllm bench serve", theirs)):
+        share = run.get("bunched_share")
+        if share is not None and share > SPOILED_SHARE:
+            return (f"{name} read {share:.0%} of its token events together with another "
+                    f"(gaps under {BUNCHED_GAP_S * 1e6:.0f} us; over {SPOILED_SHARE:.0%} "
+                    "means its client was held back)")
+    return None
+
+
 def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
                   output_len: int, salt: int) -> dict[str, Any]:
     from agentload.replay.run import new_cache_salt, run_replay
@@ -98,6 +124,7 @@ def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, inpu
             for r in frame["request_id"].to_list()]
     osl = [int(x) for x in frame["osl"].fill_null(0).to_list()]
     out: dict[str, Any] = figures(ttft, gaps, osl)
+    out["bunched_share"] = bunched_share(gaps)
     out["completed"] = frame.height
     out["input_lens"] = [int(x) for x in frame["isl"].fill_null(0).to_list()]
     out["output_lens"] = osl
@@ -192,6 +219,7 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     # Its chunk count, as agentload's OSL when every chunk is one token.
     osl = [len(g) + 1 for g in gaps]
     out: dict[str, Any] = figures(ttft, gaps, osl)
+    out["bunched_share"] = bunched_share(gaps)
     out["completed"] = len(ttft)
     out["ran"] = True
     out["input_lens"] = data.get("input_lens", [])
@@ -339,8 +367,12 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               input_len: int = 128, output_len: int = 64, runs: int = 3,
               say: Callable[[str], None] = lambda _: None,
               workdir: Path | None = None, pin_clients: bool = True,
-              server_log: Path | None = None) -> dict[str, Any]:
+              server_log: Path | None = None, retries: int = 2) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
+
+    A pair in which either tool read over ``SPOILED_SHARE`` of its token events
+    together (``spoiled_by``) is set aside and run again, up to ``retries`` times in
+    all; what was set aside, and why, is in the result's ``set_aside``.
 
     On the embedded server both tools run on the cores its model worker is not bound
     to (``pin_clients``; see ``clients_off``): the one started here, or the local one
@@ -350,9 +382,9 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     from agentload.replay.run import detect_token_id_range, probe_target
     from agentload.replay.tiny_model import ensure_tiny_model
 
-    if min(requests, concurrency, runs, input_len) < 1 or output_len < 2:
-        raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1 and "
-                          "--output-len >= 2")
+    if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
+        raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "
+                          "--output-len >= 2 and --retries >= 0")
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -374,23 +406,38 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
         # unmeasured pass first, so neither tool measures the cold start.
         say("warm-up pass (not measured) ...")
         agentload_run(base, workdir / "warmup", max(2 * concurrency, 8), concurrency,
-                      input_len, output_len, salt=runs + 1)
-        for i in range(runs):
+                      input_len, output_len, salt=0)
+        set_aside: list[dict[str, Any]] = []
+        attempt = 0
+        while len(ours) < runs:
+            i = len(ours)
+            # Every attempt has prompts of its own (salts 1, 2, 3, ...; 0 warmed up).
+            attempt += 1
             say(f"run {i + 1}/{runs}: agentload ...")
             before, ticks = server_counters(base), host_ticks()
-            ours.append(agentload_run(base, workdir / f"agentload{i}", requests, concurrency,
-                                      input_len, output_len, salt=i))
-            ours[-1]["server"] = counters_delta(before, server_counters(base), probes)
-            ours[-1]["host"] = host_share(ticks, host_ticks())
+            mine = agentload_run(base, workdir / f"agentload{attempt}", requests, concurrency,
+                                 input_len, output_len, salt=2 * attempt - 1)
+            mine["server"] = counters_delta(before, server_counters(base), probes)
+            mine["host"] = host_share(ticks, host_ticks())
             say(f"run {i + 1}/{runs}: vllm bench serve ...")
             before = server_counters(base)
-            theirs.append(vllm_run(base, workdir, model, tokenizer, requests, concurrency,
-                                   input_len, output_len, token_id_range, salt=runs + 2 + i))
-            theirs[-1]["server"] = counters_delta(before, server_counters(base))
-            for run in (ours[-1], theirs[-1]):
+            other = vllm_run(base, workdir, model, tokenizer, requests, concurrency,
+                             input_len, output_len, token_id_range, salt=2 * attempt)
+            if not other.get("ran"):
+                raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
+            other["server"] = counters_delta(before, server_counters(base))
+            for run in (mine, other):
                 run["server_ms"] = server_means_ms(run["server"])
-            if not theirs[-1].get("ran"):
-                raise ReplayError(f"vllm bench serve did not run: {theirs[-1].get('reason')}")
+            why = spoiled_by(mine, other)
+            if why is not None and len(set_aside) < retries:
+                set_aside.append({"run": i + 1, "why": why, "agentload": mine,
+                                  "vllm_bench": other})
+                say(f"run {i + 1}/{runs} set aside and run again: {why}")
+                continue
+            if why is not None:
+                mine["kept_though"] = other["kept_though"] = why
+            ours.append(mine)
+            theirs.append(other)
     a, v = median_of(ours), median_of(theirs)
     ratios: dict[str, dict[str, float | None]] = {
         m: {k: _ratio(a[m][k], v[m][k]) for k in a[m]} for m in METRICS}
@@ -410,6 +457,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
+                       "retries": retries,
                        "model": model,
                        "client_cpus": sorted(pinned) if pinned is not None else None},
             "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
@@ -417,6 +465,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             "client_valid_runs": sum(not o["client"].get("saturation_reasons")
                                      for o in ours),
             "agentload_runs": ours, "vllm_bench_runs": theirs,
+            "set_aside": [{"run": x["run"], "why": x["why"]} for x in set_aside],
+            "spoiled_kept": sum("kept_though" in o for o in ours),
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
             "medians_within_3pct": medians_within, "worst_deviation": worst}
 
@@ -485,6 +535,11 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
                  + ("yes" if r["medians_within_3pct"] else "NO")
                  + f"; agentload runs whose client diagnostics were clean: "
                  f"{r['client_valid_runs']}/{c['runs']}")
+    for x in r.get("set_aside", ()):
+        lines.append(f"  run {x['run']} was set aside and run again: {x['why']}")
+    if r.get("spoiled_kept"):
+        lines.append(f"  {r['spoiled_kept']} kept run(s) still read events together after "
+                     f"{c.get('retries', 0)} retries: their TPOT and ITL measure the clients")
     view = r.get("server_view") or {}
     if view:
         lines.append("  against the server's own clock (vllm:time_to_first_token and "

@@ -62,6 +62,8 @@ class StreamResult:
     chunk_user_ns: list[int] | None = field(default=None, repr=False)
     # The emulator's emission stamp (``t_emit_ns``) of each token chunk, when asked for.
     chunk_emit_ns: list[int] | None = field(default=None, repr=False)
+    # When the emulator took the request in (its first event's ``t_arrive_ns``), likewise.
+    emulator_arrive_ns: int | None = field(default=None, repr=False)
     # Reads that carried at least one token event; those that carried more than one
     # because the client read late (with kernel stamps: over ``LATE_READ_NS`` after the
     # read's last segment came; events the server sent together do not count); and the
@@ -457,6 +459,8 @@ def _apply(obj: Any, now: int, result: StreamResult) -> None:
         result.chunk_tokens.append(tokens)
         if result.chunk_emit_ns is not None:
             result.chunk_emit_ns.append(int(obj.get("t_emit_ns") or 0))
+            if "t_arrive_ns" in obj:
+                result.emulator_arrive_ns = int(obj["t_arrive_ns"])
     usage = obj.get("usage")
     if usage:
         result.prompt_tokens = usage.get("prompt_tokens")

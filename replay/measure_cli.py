@@ -81,6 +81,9 @@ def agree_command(
     input_len: Annotated[int, typer.Option("--input-len")] = 128,
     output_len: Annotated[int, typer.Option("--output-len")] = 64,
     runs: Annotated[int, typer.Option("--runs", help="Runs per tool (medians).")] = 3,
+    retries: Annotated[int, typer.Option(
+        "--retries", help="Pairs run again, in all, when a tool read over 10 % of its token "
+        "events together (its client was held back, not the server).")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """TTFT and ITL P50/P90 of agentload vs vllm bench serve on one vLLM server.
@@ -92,7 +95,7 @@ def agree_command(
 
     result = agreement(target, requests=requests, concurrency=concurrency,
                        input_len=input_len, output_len=output_len, runs=runs,
-                       say=lambda line: typer.echo(line, err=True))
+                       retries=retries, say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:

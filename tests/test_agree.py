@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import agentload.replay.agree as agree_module
 from agentload.replay.agree import (
     agree_lines,
     agree_trace,
     agreement,
+    bunched_share,
     clients_off,
     counters_delta,
     figures,
@@ -20,8 +24,10 @@ from agentload.replay.agree import (
     median_of,
     server_means_ms,
     server_view,
+    spoiled_by,
     worker_cpus,
 )
+from agentload.replay.errors import ReplayError
 
 
 def test_figures_use_the_same_definitions_for_every_tool() -> None:
@@ -57,14 +63,19 @@ def test_agree_against_the_embedded_server(embedded_server_with_log: tuple[str, 
     assert r["config"]["client_cpus"], "clients not pinned off the worker's cores"
     assert r["agentload_runs"][0]["completed"] == 8
     assert r["vllm_bench_runs"][0]["completed"] == 8
+    # What the runs saw, for a failure on a loaded machine to explain itself.
+    seen = {"set_aside": r["set_aside"], "client": r["agentload_runs"][0]["client"],
+            "bunched": [x["bunched_share"] for x in (*r["agentload_runs"],
+                                                      *r["vllm_bench_runs"])]}
     for m in ("ttft", "tpot"):
         for q in ("p50_ms", "p90_ms"):
-            assert r["agentload"][m][q] > 0 and r["vllm_bench"][m][q] > 0
+            assert r["agentload"][m][q] > 0, (m, q, seen)
+            assert r["vllm_bench"][m][q] > 0, (m, q, seen)
             assert r["ratio"][m][q] is not None
     # Per-chunk gaps can be 0 at the median: a busy server writes several events at once.
     assert r["agentload"]["itl"]["p90_ms"] >= 0 and r["vllm_bench"]["itl"]["p90_ms"] >= 0
     # Same server, same requests: the two tools' TPOT medians are of one magnitude.
-    assert 0.5 < r["ratio"]["tpot"]["p50_ms"] < 2.0
+    assert 0.5 < r["ratio"]["tpot"]["p50_ms"] < 2.0, seen
     lines = agree_lines(r)
     assert any("TTFT P50" in line for line in lines)
     # Identical requests: the server counted the same prompt tokens and no prefix hits.
@@ -74,6 +85,92 @@ def test_agree_against_the_embedded_server(embedded_server_with_log: tuple[str, 
         assert run["server"]["request_success_total"] == 8
         assert run["server_ms"]["time_to_first_token"] > 0
     assert any("server's own clock" in line for line in lines)
+
+
+def test_bunched_share_and_what_spoils_a_pair() -> None:
+    steps = [np.array([0.003, 0.003, 0.004]), np.array([0.003])]
+    assert bunched_share(steps) == 0.0
+    # A late read drains three events: two gaps of 0 among six.
+    late = [np.array([0.003, 0.0, 0.0]), np.array([0.003, 0.003, 0.004])]
+    assert bunched_share(late) == pytest.approx(2 / 6)
+    assert bunched_share([np.zeros(0)]) is None
+    clean, bad = {"bunched_share": 0.0}, {"bunched_share": 2 / 6}
+    assert spoiled_by(clean, clean) is None
+    assert spoiled_by(clean, {"bunched_share": None}) is None
+    why = spoiled_by(bad, clean)
+    assert why is not None and why.startswith("agentload read 33%")
+    why = spoiled_by(clean, bad)
+    assert why is not None and why.startswith("vllm bench serve read 33%")
+
+
+def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[int]:
+    """``agreement``'s servers and tools replaced: agentload's attempt k reads
+    ``bunched[k]`` of its events together; the salts each attempt was given."""
+    salts: list[int] = []
+
+    def ours(base: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
+             output_len: int, salt: int) -> dict[str, object]:
+        if run_dir.name == "warmup":
+            return {}
+        salts.append(salt)
+        share = bunched[len(salts) // 2]
+        tpot = 0.0 if share > 0.5 else 3.0
+        f = {m: {"p50_ms": tpot if m != "ttft" else 10.0,
+                 "p90_ms": tpot if m != "ttft" else 12.0, "mean_ms": 10.0}
+             for m in ("ttft", "tpot", "itl")}
+        return {**f, "bunched_share": share, "completed": requests,
+                "client": {"saturation_reasons": []}}
+
+    def theirs(*args: object, salt: int, **kw: object) -> dict[str, object]:
+        salts.append(salt)
+        f = {m: {"p50_ms": 3.0 if m != "ttft" else 11.0,
+                 "p90_ms": 3.0 if m != "ttft" else 13.0, "mean_ms": 10.0}
+             for m in ("ttft", "tpot", "itl")}
+        return {**f, "bunched_share": 0.0, "completed": 8, "ran": True}
+
+    @contextlib.contextmanager
+    def target(url: str, workdir: Path, say: object) -> Iterator[str]:
+        yield url
+
+    import agentload.replay.run as run_module
+    import agentload.replay.tiny_model as tiny
+    monkeypatch.setattr(agree_module, "agentload_run", ours)
+    monkeypatch.setattr(agree_module, "vllm_run", theirs)
+    monkeypatch.setattr(agree_module, "_target", target)
+    monkeypatch.setattr(agree_module, "server_counters", lambda base: {})
+    monkeypatch.setattr(run_module, "probe_target", lambda *a: ("tiny", None))
+    monkeypatch.setattr(run_module, "detect_token_id_range", lambda *a: (10, 100))
+    monkeypatch.setattr(tiny, "ensure_tiny_model", lambda: Path("tok"))
+    return salts
+
+
+def test_a_spoiled_pair_is_set_aside_and_run_again(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    salts = _stub_tools(monkeypatch, [0.9, 0.0, 0.0])
+    said: list[str] = []
+    r = agreement("http://x", runs=2, workdir=tmp_path, pin_clients=False,
+                  say=said.append)
+    assert [x["run"] for x in r["set_aside"]] == [1]
+    assert r["set_aside"][0]["why"].startswith("agentload read 90%")
+    # The kept runs are the clean ones: TPOT 3 ms, not the spoiled run's 0.
+    assert r["agentload"]["tpot"]["p50_ms"] == 3.0 and r["spoiled_kept"] == 0
+    assert r["ratio"]["tpot"]["p50_ms"] == pytest.approx(1.0)
+    # Three attempts, each tool's prompts its own; 0 was the warm-up's.
+    assert salts == [1, 2, 3, 4, 5, 6]
+    assert any("set aside and run again" in line for line in said)
+    assert any("run 1 was set aside" in line for line in agree_lines(r))
+
+
+def test_retries_run_out_and_the_spoiled_run_is_kept_and_named(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _stub_tools(monkeypatch, [0.9, 0.9, 0.9])
+    r = agreement("http://x", runs=1, retries=1, workdir=tmp_path, pin_clients=False)
+    assert len(r["set_aside"]) == 1 and r["spoiled_kept"] == 1
+    assert r["agentload"]["tpot"]["p50_ms"] == 0.0
+    assert any("still read events together after 1 retries" in line
+               for line in agree_lines(r))
+    with pytest.raises(ReplayError, match="--retries >= 0"):
+        agreement("http://x", retries=-1)
 
 
 def test_server_counters_minus_the_probes_and_the_servers_means() -> None:
