@@ -3,7 +3,8 @@
 The first run is the baseline; every other run's headline numbers are shown with their
 ratio to it, a verdict (better / worse, or "within noise" where the 95 % intervals
 overlap) and both GPU counts, so a comparison that changed the GPU count says so on
-every row.
+every row. Runs of one trace are also compared request by request (``compare_paired``):
+the median paired TTFT and TPOT difference, with its interval.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from typing import Any
 import polars as pl
 
 from agentload.replay import report_figures as figs
+from agentload.replay.compare_paired import (
+    PAIRED_METRICS,
+    paired_cells,
+    paired_difference,
+    paired_line,
+)
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import REQUESTS_NAME
 from agentload.replay.report import (
@@ -106,10 +113,30 @@ def comparison_rows(runs: Sequence[LoadedRun]) -> list[dict[str, Any]]:
     return rows
 
 
-def _explain(runs: Sequence[LoadedRun]) -> list[str]:
+def paired_results(runs: Sequence[LoadedRun]) -> list[dict[str, Any]]:
+    """Every other run against the first, request by request (``compare_paired``)."""
+    base = runs[0]
+    return [{"label": other.label,
+             **paired_difference(base.tables.measured, other.tables.measured)}
+            for other in runs[1:]]
+
+
+def paired_rows(paired: list[dict[str, Any]]) -> list[list[str]]:
+    return [[p["label"], f"{p['matched_requests']} of {p['baseline_requests']} / "
+             f"{p['other_requests']}", *paired_cells(p)] for p in paired]
+
+
+PAIRED_HEADER = ["run vs the baseline", "matched requests",
+                 *(f"{label} difference [95 %], ratio" for _, label in PAIRED_METRICS)]
+
+
+def _explain(runs: Sequence[LoadedRun],
+             paired: list[dict[str, Any]] | None = None) -> list[str]:
     """Plain-language reading of the biggest differences, from the numbers themselves."""
     base = runs[0]
     out = []
+    for p in paired or ():
+        out += paired_line(p["label"], base.label, p)
     for other in runs[1:]:
         for key, label, _unit in HEADLINE:
             ratio, verdict = _verdict(key, base, other)
@@ -171,7 +198,8 @@ def _gpu_note(runs: Sequence[LoadedRun]) -> str | None:
             "fairer row")
 
 
-def render_markdown(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> str:
+def render_markdown(runs: Sequence[LoadedRun], rows: list[dict[str, Any]],
+                    paired: list[dict[str, Any]] | None = None) -> str:
     labels = [f"{md_escape(r.label)} ({r.gpus} {'GPU' if r.device == 'gpu' else r.device})"
               for r in runs]
     lines = ["# agentload comparison: " + " vs ".join(md_escape(r.label) for r in runs), ""]
@@ -197,13 +225,23 @@ def render_markdown(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> st
         lines += ["", "## By context depth", "", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in depth]
-    reading = _explain(runs)
+    if paired:
+        lines += ["", "## The same requests, paired", "",
+                  "Requests measured in both runs (same id, same prompt length): the median "
+                  "of each request's difference from the baseline, with a 95 % interval "
+                  "that resamples sessions. Load that slowed both runs alike cancels here.",
+                  "", "| " + " | ".join(PAIRED_HEADER) + " |",
+                  "|" + "---|" * len(PAIRED_HEADER)]
+        lines += ["| " + " | ".join(md_escape(c) for c in row) + " |"
+                  for row in paired_rows(paired)]
+    reading = _explain(runs, paired)
     if reading:
         lines += ["", "## Reading", ""] + [f"- {md_escape(x)}" for x in reading]
     return "\n".join(lines) + "\n"
 
 
-def render_html(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> str:
+def render_html(runs: Sequence[LoadedRun], rows: list[dict[str, Any]],
+                paired: list[dict[str, Any]] | None = None) -> str:
     esc = html.escape
     labels = [f"{r.label} ({r.gpus} {'GPU' if r.device == 'gpu' else r.device})" for r in runs]
     parts = []
@@ -234,7 +272,10 @@ def render_html(runs: Sequence[LoadedRun], rows: list[dict[str, Any]]) -> str:
         parts.append("<h2>By context depth</h2>" + html_table(
             ["prompt tokens", *labels] + [f"{lab} / {labels[0]}" for lab in labels[1:]],
             depth))
-    reading = _explain(runs)
+    if paired:
+        parts.append("<h2>The same requests, paired</h2>" + html_table(
+            PAIRED_HEADER, paired_rows(paired)))
+    reading = _explain(runs, paired)
     if reading:
         parts.append("<h2>Reading</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in reading)
                      + "</ul>")
@@ -259,6 +300,7 @@ def write_comparison(out_dir: Path, run_dirs: Sequence[Path]) -> tuple[Path, Pat
                                 run.run, run.tables)
         seen[run.label] = i
     rows = comparison_rows(runs)
+    paired = paired_results(runs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"baseline": runs[0].label,
@@ -266,11 +308,11 @@ def write_comparison(out_dir: Path, run_dirs: Sequence[Path]) -> tuple[Path, Pat
                       "device": r.device, "validity": r.summary.get("validity")}
                      for r in runs],
             "gpu_count_changed": _gpu_note(runs) is not None,
-            "rows": rows, "reading": _explain(runs)}
+            "rows": rows, "paired": paired, "reading": _explain(runs, paired)}
     js = out_dir / "comparison.json"
     js.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md = out_dir / "report.md"
-    md.write_text(render_markdown(runs, rows))
+    md.write_text(render_markdown(runs, rows, paired))
     out = out_dir / "report.html"
-    out.write_text(render_html(runs, rows))
+    out.write_text(render_html(runs, rows, paired))
     return js, md, out

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from agentload.replay.compare_report import write_comparison
 from agentload.replay.journal import REQUESTS_NAME, request_frame
@@ -74,7 +75,14 @@ def test_comparison_report_renders_side_by_side(tmp_path: Path) -> None:
     itl = next(r for r in data["rows"] if r["metric"] == "itl_p50_s")
     assert itl["runs"][1]["ratio_to_baseline"] > 1.5 and itl["runs"][1]["verdict"] == "worse"
     assert "| ITL P50 |" in md.read_text()
+    # The same 40 requests in both: TPOT twice as long each, TTFT the same.
+    paired = data["paired"][0]
+    assert paired["matched_requests"] == 40 and paired["itl_s"]["verdict"] == "worse"
+    assert paired["itl_s"]["median_ratio"] == pytest.approx(2.0, rel=0.05)
+    assert paired["ttft_s"]["median_diff_s"] == 0.0
+    assert paired["ttft_s"]["verdict"].startswith("within noise")
     dom = rendered_dom(page)
     assert dom.count('class="plot-container plotly"') == 5
     assert "fast (1 GPU)" in dom and "slow (1 GPU) / fast (1 GPU)" in dom
+    assert "The same requests, paired" in dom
     assert distinct_colors(screenshot(page, tmp_path / "cmp.png")) > 200
