@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentload.replay import ReplayOptions, RunResult, run_replay
-from agentload.replay.live import BoardSource, LiveBoard
+from agentload.replay.live import CODE_STATES, BoardSource, LiveBoard
 from agentload.traces import demo_trace_path
 from agentload.tui.app import ConfirmStop, DashboardApp
 
@@ -69,6 +69,7 @@ async def test_dashboard_numbers_move_with_a_real_replay(embedded_server: str,
     app = DashboardApp(BoardSource(viewer.board))
     seen: list[tuple[int, float | None, float]] = []
     states: set[str] = set()
+    strip_states: set[str] = set()
     async with app.run_test(size=(120, 40)) as pilot:
         for _ in range(1200):  # at most five minutes
             await pilot.pause(0.25)
@@ -78,6 +79,7 @@ async def test_dashboard_numbers_move_with_a_real_replay(embedded_server: str,
             seen.append((snap.totals.requests_done,
                          snap.headline("request").p90_interactivity_tok_s, snap.elapsed_s))
             states |= {lane.state for lane in snap.lanes}
+            strip_states |= {CODE_STATES[c] for strip in snap.strips for c in strip}
             if snap.finished and viewer.note is not None:
                 break
         final = app.snapshot
@@ -90,7 +92,12 @@ async def test_dashboard_numbers_move_with_a_real_replay(embedded_server: str,
     assert done == sorted(done) and done[0] < done[-1] == summary["requests_completed"] == 24
     assert len({d for d in done}) >= 3, "the count should move in several steps"
     assert [t for _, _, t in seen] == sorted(t for _, _, t in seen)
-    assert "decoding" in states and {"pausing", "prefilling"} & states
+    # What the lanes did: the strips keep each second's busiest state (a sample every
+    # 0.25 s missed every ~0.1 s decode of the tiny model once, on a loaded CI machine),
+    # and the samples catch the states that last, pauses and prefills behind a queue.
+    assert "decoding" in strip_states, (strip_states, states)
+    assert {"pausing", "prefilling"} & (states | strip_states)
+    assert states <= set(CODE_STATES)
     head = final.headline("request")
     for key in ("p90_interactivity_tok_s", "ttft_p90_s", "decode_throughput_tok_s",
                 "output_throughput_tok_s"):
