@@ -19,7 +19,8 @@ Per tool and run it computes, with the same definitions for every tool:
 - ITL (per chunk) = gaps between consecutive token chunks, pooled over requests;
 
 then P50 and P90 (linear interpolation), the median of those over the runs, and
-agentload / vllm ratios. Without ``--target`` it starts the embedded vLLM CPU server.
+agentload / vllm ratios. A pair of runs in which either client read its events in bunches
+(``spoiled_by``) is run again. Without ``--target`` it starts the embedded vLLM CPU server.
 """
 
 from __future__ import annotations
