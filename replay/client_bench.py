@@ -274,13 +274,21 @@ def _run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
 
 
 def vllm_bench_available() -> str | None:
-    """Why ``vllm bench serve`` cannot run here, or ``None`` when it can."""
+    """Why ``vllm bench serve`` cannot run here, or ``None`` when it can.
+
+    Only the top-level package is looked up: ``find_spec`` of a submodule imports its
+    parents, and ``import vllm`` brings torch and triton into this process (seconds,
+    hundreds of MB, and triton's leak report printed at exit). ``vllm bench serve``
+    runs in a child process of its own.
+    """
     import importlib.util
     try:
-        if importlib.util.find_spec("vllm.benchmarks.serve") is None:
-            return "vllm is not installed (vllm.benchmarks.serve not found)"
+        spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError) as exc:
         return f"vllm is not importable: {exc}"
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not any((Path(r) / "benchmarks" / "serve.py").is_file() for r in roots):
+        return "vllm is not installed (vllm.benchmarks.serve not found)"
     return None
 
 

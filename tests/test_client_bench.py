@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 import time
 from array import array
 from pathlib import Path
@@ -136,3 +140,25 @@ def test_timed_events_drop_the_ones_read_together() -> None:
     m = merge([r], min_gap=5_000_000)
     # Inside the steady window [20, 60) ms only events 2 and 3 of the first request fall.
     assert m["timed_events_per_s"] == pytest.approx(2 / 0.04)
+
+
+def test_finding_vllm_bench_does_not_import_vllm(tmp_path: Path) -> None:
+    # Importing vllm would bring torch and triton into agentload's process (and triton's
+    # leak report onto the terminal at exit); the check only looks for the file.
+    probe = ("import sys\n"
+             "from agentload.replay.client_bench import vllm_bench_available\n"
+             "print(repr(vllm_bench_available()), 'vllm' in sys.modules, "
+             "'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[1:] == ["False", "False"], out
+    if importlib.util.find_spec("vllm") is not None:
+        assert out[0] == "None"
+    # A vllm without its benchmarks (another distribution of the name) is named as such.
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise SystemExit('must not be imported')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, check=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}).stdout
+    assert "vllm.benchmarks.serve not found" in out and "False False" in out
