@@ -12,7 +12,13 @@ import typer
 from agentload.profiler.attribute import attribute
 from agentload.profiler.capture import capture
 from agentload.profiler.diff import render_diff
-from agentload.profiler.load import DEFAULT_DOMAIN, keep_domains, load_profiles
+from agentload.profiler.load import (
+    DEFAULT_DOMAIN,
+    NO_CATEGORY,
+    keep_categories,
+    keep_domains,
+    load_profiles,
+)
 from agentload.profiler.memory import retain_freed_memory
 from agentload.profiler.report import write_report
 from agentload.profiler.summary import Level, Summary, summarize
@@ -36,19 +42,25 @@ DomainOpt = Annotated[list[str] | None, typer.Option(
     "--domain", help=f"Keep only ranges of this NVTX domain (repeatable; {DEFAULT_DOMAIN!r}: "
                      "NVTX's default domain, which torch.cuda.nvtx and vLLM use), e.g. so "
                      "NCCL's or a library's own ranges do not own the kernels they wrap.")]
+CategoryOpt = Annotated[list[str] | None, typer.Option(
+    "--category", help=f"Keep only ranges of this NVTX category (repeatable; its name, or its "
+                       f"number where it was never named; {NO_CATEGORY!r}: ranges without "
+                       "one), e.g. so a framework's layer ranges own the kernels.")]
 InferOpt = Annotated[bool | None, typer.Option(
     "--infer/--no-infer", help="Force or forbid inferring layers from the repeating kernel "
                                "sequence (default: only at --level layer without layer ranges).")]
 
 
 def _summary(paths: Path | list[Path], level: str, step: str | None, infer: bool | None,
-             domains: list[str] | None = None) -> Summary:
+             domains: list[str] | None = None,
+             categories: list[str] | None = None) -> Summary:
     if level not in ("innermost", "layer"):
         raise typer.BadParameter("--level is innermost or layer")
     lvl: Level = "layer" if level == "layer" else "innermost"
     retain_freed_memory()  # a one-shot process: freed arrays are reused, not refaulted
-    profile = keep_domains(load_profiles([paths] if isinstance(paths, Path) else paths),
-                           domains or [])
+    profile = keep_categories(keep_domains(
+        load_profiles([paths] if isinstance(paths, Path) else paths), domains or []),
+        categories or [])
     return summarize(attribute(profile), level=lvl, step_pattern=step, infer=infer)
 
 
@@ -121,10 +133,10 @@ def layers_command(
         "--parquet", help="Write the per-layer table as Parquet (instances beside it).")] = None,
     html_out: Annotated[Path | None, typer.Option("--html", help="Write an HTML report.")] = None,
     level: LevelOpt = "innermost", step: StepOpt = None, infer: InferOpt = None,
-    domain: DomainOpt = None,
+    domain: DomainOpt = None, category: CategoryOpt = None,
 ) -> None:
     """Per layer: instances, kernels, summed kernel time, busy (union) time, span, gaps."""
-    s = _summary(files, level, step, infer, domain)
+    s = _summary(files, level, step, infer, domain, category)
     if parquet is not None:
         s.layers.write_parquet(parquet)
         s.instances.write_parquet(parquet.with_name(parquet.stem + ".instances.parquet"))
@@ -141,10 +153,10 @@ def steps_command(
     files: FilesArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the steps as JSON.")] = False,
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
-    domain: DomainOpt = None,
+    domain: DomainOpt = None, category: CategoryOpt = None,
 ) -> None:
     """Decode-step breakdown: per step its kernels, kernel time, busy time, span, layers."""
-    s = _summary(files, level, step, infer, domain)
+    s = _summary(files, level, step, infer, domain, category)
     cols = ["pid", "index", "step", "kernels", "memops", "kernel_ns", "busy_ns", "span_ns",
             "layers"]
     if json_out:
@@ -169,15 +181,15 @@ def diff_command(
         help="Profile of arm A; one per rank: FILE,FILE,... (merged, as for layers).")],
     b: Annotated[str, typer.Argument(help="Profile of arm B, likewise.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
-    domain: DomainOpt = None,
+    domain: DomainOpt = None, category: CategoryOpt = None,
 ) -> None:
     """Per layer type: "layers.*: 13 k / 69 µs vs 23 k / 130 µs", sequences aligned."""
     arms = [[Path(f) for f in arm.split(",") if f] for arm in (a, b)]
     for arm, text in zip(arms, (a, b), strict=True):
         if not arm:
             raise typer.BadParameter(f"no file in {text!r}")
-    sa = _summary(arms[0], level, step, infer, domain)
-    sb = _summary(arms[1], level, step, infer, domain)
+    sa = _summary(arms[0], level, step, infer, domain, category)
+    sb = _summary(arms[1], level, step, infer, domain, category)
     typer.echo(render_diff(sa, sb, (_arm_name(arms[0]), _arm_name(arms[1]))))
 
 
@@ -190,10 +202,10 @@ def report_command(
     files: FilesArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
     level: LevelOpt = "layer", step: StepOpt = None, infer: InferOpt = None,
-    domain: DomainOpt = None,
+    domain: DomainOpt = None, category: CategoryOpt = None,
 ) -> None:
     """A self-contained HTML report (plotly embedded, opens offline)."""
-    write_report(_summary(files, level, step, infer, domain), output)
+    write_report(_summary(files, level, step, infer, domain, category), output)
     typer.echo(f"wrote {output}")
 
 

@@ -56,22 +56,39 @@ def load_profiles(paths: list[Path]) -> Profile:
 
 DEFAULT_DOMAIN = "default"
 """How ``--domain`` names NVTX's default domain (and ``record_function`` ranges)."""
+NO_CATEGORY = "none"
+"""How ``--category`` names ranges without an NVTX category (and ``record_function``'s)."""
+
+
+def _keep_named(profile: Profile, column: str, wanted: list[str], unnamed: str,
+                what: str, plural: str) -> Profile:
+    """Only the ranges whose ``column`` (null: ``unnamed``) is one of ``wanted``; a name
+    no range has is an error that lists the names present."""
+    if not wanted:
+        return profile
+    present = profile.ranges[column].fill_null(unnamed)
+    have = sorted(present.unique().to_list())
+    missing = [d for d in wanted if d not in have]
+    if missing:
+        raise ProfileError(f"{profile.path}: no ranges in NVTX {what} "
+                           f"{', '.join(map(repr, missing))}; {plural} present: "
+                           f"{', '.join(have) or 'none (no ranges)'}")
+    kept = profile.ranges.filter(present.is_in(wanted))
+    note = (f"only ranges of NVTX {what} {', '.join(wanted)} were kept "
+            f"({kept.height:,} of {profile.ranges.height:,})")
+    return replace(profile, ranges=kept, notes=(*profile.notes, note))
 
 
 def keep_domains(profile: Profile, domains: list[str]) -> Profile:
     """Only the ranges in the named NVTX ``domains`` (``default``: the default domain),
     so another library's ranges (NCCL's, say) do not become the innermost range of the
     kernels they wrap. A name no range has is an error that lists the domains present."""
-    if not domains:
-        return profile
-    present = profile.ranges["domain"].fill_null(DEFAULT_DOMAIN)
-    have = sorted(present.unique().to_list())
-    missing = [d for d in domains if d not in have]
-    if missing:
-        raise ProfileError(f"{profile.path}: no ranges in NVTX domain "
-                           f"{', '.join(map(repr, missing))}; domains present: "
-                           f"{', '.join(have) or 'none (no ranges)'}")
-    kept = profile.ranges.filter(present.is_in(domains))
-    note = (f"only ranges of NVTX domain {', '.join(domains)} were kept "
-            f"({kept.height:,} of {profile.ranges.height:,})")
-    return replace(profile, ranges=kept, notes=(*profile.notes, note))
+    return _keep_named(profile, "domain", domains, DEFAULT_DOMAIN, "domain", "domains")
+
+
+def keep_categories(profile: Profile, categories: list[str]) -> Profile:
+    """Only the ranges in the named NVTX ``categories`` (``none``: ranges without one),
+    so that, say, a framework's ``layer`` category owns the kernels and its finer ranges
+    in other categories do not. A category never named is given by its number."""
+    return _keep_named(profile, "category", categories, NO_CATEGORY, "category",
+                       "categories")

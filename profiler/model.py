@@ -35,10 +35,12 @@ RANGE_STYLES = ("pushpop", "startend")
 RANGES_SCHEMA: dict[str, pl.DataType] = {
     "proc": pl.UInt64(), "tid": pl.UInt64(), "start": pl.Int64(), "end": pl.Int64(),
     "name": pl.String(), "style": pl.Enum(RANGE_STYLES), "range_id": pl.Int64(),
-    "domain": pl.String(),
+    "domain": pl.String(), "category": pl.String(),
 }
 """``domain``: the NVTX domain's name (``nvtxDomainCreate``); null for NVTX's default
-domain, which ``torch.cuda.nvtx`` and vLLM use, and for ``record_function`` ranges."""
+domain, which ``torch.cuda.nvtx`` and vLLM use, and for ``record_function`` ranges.
+``category``: the NVTX category's name (``nvtxNameCategory``), or its number where it
+was never named; null for no category and for ``record_function`` ranges."""
 STRINGS_SCHEMA: dict[str, pl.DataType] = {"id": pl.Int64(), "value": pl.String()}
 GRAPH_NODES_SCHEMA: dict[str, pl.DataType] = {
     "proc": pl.UInt64(), "tid": pl.UInt64(), "start": pl.Int64(), "end": pl.Int64(),

@@ -71,9 +71,10 @@ KNOWN_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME, GRAPH_TRACE, NVTX, GRAPH_NODES,
 PUSHPOP = (59, 70)  # NvtxPushPopRange; 70 = the same from imported NVTXT files
 STARTEND = (60, 71)  # NvtxStartEndRange; 71 likewise
 DOMAIN_CREATE = 75  # NvtxDomainCreate: names a domain id within its process
+CATEGORY_NAME = 33  # NvtxCategory: names a category id within its process and domain
 NVTX_COLUMNS = ["start", "end", "eventType", "globalTid", "endGlobalTid", "text", "textId",
-                "eventId", "rangeId", "domainId"]
-NVTX_KINDS = PUSHPOP + STARTEND + (DOMAIN_CREATE,)
+                "eventId", "rangeId", "domainId", "category"]
+NVTX_KINDS = PUSHPOP + STARTEND + (DOMAIN_CREATE, CATEGORY_NAME)
 NVTX_WHERE = f"WHERE eventType IN ({','.join(map(str, NVTX_KINDS))})"
 WHERE_FILTERS = {"": None, NVTX_WHERE: pl.col("eventType").is_in(NVTX_KINDS)}
 """The WHERE clauses this module asks for, as the filters the native reader applies
@@ -554,11 +555,11 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
     (they are closed at the profile's last timestamp)."""
     if NVTX not in tables:
         return empty(RANGES_SCHEMA), []
-    kinds = PUSHPOP + STARTEND + (DOMAIN_CREATE,)
     raw = _unsigned(src.read(NVTX, NVTX_COLUMNS, NVTX_WHERE))
     if isinstance(src, _DirSource):  # the SQL WHERE above only applies to SQLite
-        raw = keep_rows(raw, pl.col("eventType").is_in(kinds))
-    raw, domains = _domains(raw, strings)
+        raw = keep_rows(raw, pl.col("eventType").is_in(NVTX_KINDS))
+    raw, categories = _named_ids(raw, strings, CATEGORY_NAME, "category")
+    raw, domains = _named_ids(raw, strings, DOMAIN_CREATE, "domain")
     notes: list[str] = []
     if not raw.height:
         return empty(RANGES_SCHEMA), notes
@@ -587,6 +588,7 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
         frame = frame.with_columns(pl.col("end").fill_null(last))
     if domains is not None:
         frame = frame.join(domains, on=["proc", "domainId"], how="left", maintain_order="left")
+    frame = _with_categories(frame, categories)
     frame = frame.rename({"globalTid": "tid", "eventId": "range_id"})
     return conform(frame, RANGES_SCHEMA), notes
 
@@ -607,20 +609,43 @@ def _nvtx_names(rows: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.DataFrame
     return rows, pl.coalesce(text, pl.col("_registered"))
 
 
-def _domains(raw: pl.DataFrame, strings: pl.DataFrame
-             ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """Split ``nvtxDomainCreate`` rows off the ranges: ``(proc, domainId) -> domain``
-    (None when no range is in a named domain). Domain ids are per process."""
-    is_domain = pl.col("eventType") == DOMAIN_CREATE
-    if "domainId" not in raw.columns or not bool(raw.select(is_domain.any()).item()):
-        return raw.filter(~is_domain), None
-    rows = raw.filter(is_domain)
-    ranges = raw.filter(~is_domain)
+def _named_ids(raw: pl.DataFrame, strings: pl.DataFrame, event_type: int, what: str
+               ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """Split the rows that name ids (``nvtxDomainCreate``: domains; ``nvtxNameCategory``:
+    categories) off the ranges. Domains: ``(proc, domainId) -> domain``; categories:
+    ``(proc, domainId, category) -> category_name``. Both ids are per process, and a
+    category's also per domain. None when no row names one."""
+    keys = ["proc", "domainId"] + (["category"] if what == "category" else [])
+    naming = pl.col("eventType") == event_type
+    if any(k not in raw.columns for k in keys[1:]) or not bool(
+            raw.select(naming.any()).item()):
+        return keep_rows(raw, ~naming), None
+    rows = raw.filter(naming)
+    ranges = raw.filter(~naming)
     rows, name = _nvtx_names(rows, strings)
-    domains = rows.select(proc=pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64),
-                          domainId=pl.col("domainId"), domain=name).unique(
-        ["proc", "domainId"], keep="last")
-    return ranges, domains
+    named = rows.select((pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64)).alias("proc"),
+                        *keys[1:], name.alias(what if what == "domain" else "category_name"))
+    return ranges, named.unique(keys, keep="last")
+
+
+def _with_categories(frame: pl.DataFrame, names: pl.DataFrame | None) -> pl.DataFrame:
+    """``category``: the range's category name, its number where no row names it, null
+    for none (0, NVTX's "no category"). A category named in the default domain has a
+    null or 0 ``domainId``, as its ranges may: both count as the default domain."""
+    if "category" not in frame.columns:
+        return frame
+    has = pl.col("category").is_not_null() & (pl.col("category") != 0)
+    if not bool(frame.select(has.any()).item()):
+        return frame.with_columns(category=pl.lit(None, pl.String))
+    number = pl.col("category").cast(pl.String)
+    if names is None:
+        return frame.with_columns(category=pl.when(has).then(number))
+    domain = pl.col("domainId").fill_null(0)
+    frame = frame.with_columns(_domain=domain).join(
+        names.with_columns(_domain=domain).drop("domainId"),
+        on=["proc", "_domain", "category"], how="left", maintain_order="left")
+    return frame.with_columns(category=pl.when(has).then(
+        pl.coalesce(pl.col("category_name"), number))).drop("_domain", "category_name")
 
 
 def processes_with_pid(profile: Profile) -> pl.DataFrame:

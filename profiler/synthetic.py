@@ -66,6 +66,7 @@ CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start INTEGER NOT NULL, end INTEGE
 PUSHPOP = 59
 STARTEND = 60
 DOMAIN_CREATE = 75
+CATEGORY_NAME = 33
 LAUNCH_KERNEL = "cudaLaunchKernel_v7000"
 GRAPH_LAUNCH = "cudaGraphLaunch_v10000"
 
@@ -128,31 +129,43 @@ class SyntheticExport:
         self._add("TARGET_INFO_GPU", (0, device, name, "0000:00:00.0", "GPU-0", 132))
 
     def push(self, gtid: int, start: int, end: int | None, text: str,
-             registered: bool = False, domain: int = 0) -> int:
+             registered: bool = False, domain: int = 0, category: int | None = None) -> int:
         """A push/pop range; ``registered`` puts the text in ``textId`` (nvtx package);
-        ``domain``: a domain id from :meth:`domain` (0: NVTX's default domain)."""
-        return self._range(PUSHPOP, gtid, start, end, text, registered, None, domain)
+        ``domain``: a domain id from :meth:`domain` (0: NVTX's default domain);
+        ``category``: a category id (named or not by :meth:`category`)."""
+        return self._range(PUSHPOP, gtid, start, end, text, registered, None, domain,
+                           category)
 
     def start_end(self, gtid: int, start: int, end: int, text: str,
                   end_tid: int | None = None, registered: bool = False,
-                  domain: int = 0) -> int:
+                  domain: int = 0, category: int | None = None) -> int:
         """A start/end range; ``end_tid`` set when another thread ended it."""
-        return self._range(STARTEND, gtid, start, end, text, registered, end_tid, domain)
+        return self._range(STARTEND, gtid, start, end, text, registered, end_tid, domain,
+                           category)
 
     def domain(self, gtid: int, domain_id: int, name: str, at: int = 0) -> None:
         """``nvtxDomainCreate``: an ``eventType`` 75 row naming ``domain_id`` in the
         thread's process."""
         self._event += 1
         self._add("NVTX_EVENTS", (at, None, DOMAIN_CREATE, None, name, gtid, None, None,
-                                  domain_id, self._event))
+                                  domain_id, None, self._event))
+
+    def category(self, gtid: int, category_id: int, name: str, domain: int | None = 0,
+                 at: int = 0) -> None:
+        """``nvtxNameCategory``: an ``eventType`` 33 row naming ``category_id`` in the
+        thread's process and ``domain`` (None: as a default-domain call may record it)."""
+        self._event += 1
+        self._add("NVTX_EVENTS", (at, None, CATEGORY_NAME, None, name, gtid, None, None,
+                                  domain, category_id, self._event))
 
     def _range(self, kind: int, gtid: int, start: int, end: int | None, text: str,
-               registered: bool, end_tid: int | None, domain: int = 0) -> int:
+               registered: bool, end_tid: int | None, domain: int = 0,
+               category: int | None = None) -> int:
         self._event += 1
         self._add("NVTX_EVENTS", (start, end, kind, None if kind == PUSHPOP else self._event,
                                   None if registered else text, gtid, end_tid,
                                   self.sid(text) if registered else None, domain,
-                                  self._event))
+                                  category, self._event))
         return self._event
 
     def next_corr(self, gtid: int) -> int:
@@ -211,7 +224,7 @@ INSERT_COLUMNS = {
     "ThreadNames": "nameId, priority, globalTid",
     "TARGET_INFO_GPU": "vmId, id, name, busLocation, uuid, smCount",
     "NVTX_EVENTS": "start, end, eventType, rangeId, text, globalTid, endGlobalTid, textId, "
-                   "domainId, eventId",
+                   "domainId, category, eventId",
     "CUPTI_ACTIVITY_KIND_RUNTIME": "start, end, eventClass, globalTid, correlationId, nameId, "
                                    "returnValue",
     "CUPTI_ACTIVITY_KIND_KERNEL": "start, end, deviceId, contextId, greenContextId, streamId, "

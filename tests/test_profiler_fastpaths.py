@@ -215,7 +215,8 @@ def test_a_range_without_a_start_is_not_usable() -> None:
 
     raw = pl.DataFrame({"proc": [1, 1, 1], "tid": [1, 1, 1], "start": [0, 10, None],
                         "end": [100, 20, 50], "name": ["a", "b", "c"],
-                        "style": ["pushpop"] * 3, "range_id": [0, 1, 2], "domain": [None] * 3},
+                        "style": ["pushpop"] * 3, "range_id": [0, 1, 2], "domain": [None] * 3,
+                        "category": [None] * 3},
                        schema=RANGES_SCHEMA)
     side = att_mod._index_all_ranges(raw)
     assert side.depth.tolist() == [1, 2, 0] and side.parent.tolist() == [-1, 0, -1]

@@ -62,7 +62,21 @@ import numpy as np, polars as pl
 column = pl.Series(np.arange(20_000_000, dtype=np.int64))  # 160 MB: 39,063 4 KiB pages
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 masked = column & 0xFFFF
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+# Whether the kernel may back the new column's mapping with huge pages (it was advised):
+# what the setting controls. Whether it did depends on free 2 MiB pages at the time.
+addr = masked.to_numpy(allow_copy=False).ctypes.data
+eligible, inside = None, False
+with open("/proc/self/smaps") as fh:
+    for line in fh:
+        head = line.split()[0]
+        if not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "THPeligible:":
+            eligible = line.split()[1] == "1"
+            break
+print(faults, eligible,
       "POLARS_THP" in os.environ or "thp" in os.environ.get("_RJEM_MALLOC_CONF", ""))
 """
 
@@ -78,23 +92,28 @@ def _thp_mode() -> str:
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
                     reason="the kernel's transparent huge pages are off")
 def test_polars_columns_get_huge_pages_under_the_command() -> None:
-    def run(mode: str, env: dict[str, str] | None = None) -> tuple[int, bool]:
+    def run(mode: str, env: dict[str, str] | None = None) -> tuple[int, bool, bool]:
         out = subprocess.run([sys.executable, "-c", HUGE_CHILD, mode], capture_output=True,
                              text=True, check=True, env=env)
-        faults, leaked = out.stdout.split()
-        return int(faults), leaked == "True"
+        faults, eligible, leaked = out.stdout.split()
+        assert eligible in ("True", "False"), out.stdout  # the column's mapping was found
+        return int(faults), eligible == "True", leaked == "True"
 
-    plain, _ = run("plain")
-    command, leaked = run("command")
-    if _thp_mode() == "madvise":  # "always" gives huge pages without asking
-        assert plain > 20_000, plain
-    assert command < 2_000, command
+    madvise = _thp_mode() == "madvise"  # "always" gives huge pages without asking
+    plain, plain_eligible, _ = run("plain")
+    command, eligible, leaked = run("command")
+    if madvise:
+        assert not plain_eligible and plain > 20_000, plain
+    # Advised, so eligible; the fault count (92 here, against 39,111 plain) is not
+    # asserted: with memory fragmented (once, mid-CI: 4,180) the kernel falls back to
+    # small pages however the mapping was advised.
+    assert eligible, command
     assert not leaked  # children of the command do not inherit the setting
     # A value the user set is theirs: left in place, and polars reads it.
-    mine, kept = run("command", {**os.environ, "POLARS_THP": "0"})
+    mine, mine_eligible, kept = run("command", {**os.environ, "POLARS_THP": "0"})
     assert kept
-    if _thp_mode() == "madvise":
-        assert mine > 20_000, mine
+    if madvise:
+        assert not mine_eligible and mine > 20_000, mine
 
 
 def test_the_profiler_bench_runs_small_and_agrees_with_sql(tmp_path: Path) -> None:
