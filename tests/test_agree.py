@@ -67,16 +67,25 @@ def test_agree_against_the_embedded_server(embedded_server_with_log: tuple[str, 
     seen = {"set_aside": r["set_aside"], "client": r["agentload_runs"][0]["client"],
             "bunched": [x["bunched_share"] for x in (*r["agentload_runs"],
                                                       *r["vllm_bench_runs"])]}
-    for m in ("ttft", "tpot"):
-        for q in ("p50_ms", "p90_ms"):
-            assert r["agentload"][m][q] > 0, (m, q, seen)
-            assert r["vllm_bench"][m][q] > 0, (m, q, seen)
-            assert r["ratio"][m][q] is not None
+    lines = agree_lines(r)
+    if r["spoiled_kept"]:
+        # The machine held a client back in all three attempts (CI once saw it, with
+        # the host busy throughout): the tool must say so, not pass a TPOT of 0 off as
+        # a measurement.
+        assert len(r["set_aside"]) == 2 and r["agentload_runs"][0]["kept_though"], seen
+        assert any("still read events together after 2 retries" in line
+                   for line in lines), lines
+    else:
+        for m in ("ttft", "tpot"):
+            for q in ("p50_ms", "p90_ms"):
+                assert r["agentload"][m][q] > 0, (m, q, seen)
+                assert r["vllm_bench"][m][q] > 0, (m, q, seen)
+                assert r["ratio"][m][q] is not None
+        # Same server, same requests: the two tools' TPOT medians are of one magnitude.
+        assert 0.5 < r["ratio"]["tpot"]["p50_ms"] < 2.0, seen
+    assert r["agentload"]["ttft"]["p50_ms"] > 0 and r["vllm_bench"]["ttft"]["p50_ms"] > 0
     # Per-chunk gaps can be 0 at the median: a busy server writes several events at once.
     assert r["agentload"]["itl"]["p90_ms"] >= 0 and r["vllm_bench"]["itl"]["p90_ms"] >= 0
-    # Same server, same requests: the two tools' TPOT medians are of one magnitude.
-    assert 0.5 < r["ratio"]["tpot"]["p50_ms"] < 2.0, seen
-    lines = agree_lines(r)
     assert any("TTFT P50" in line for line in lines)
     # Identical requests: the server counted the same prompt tokens and no prefix hits.
     for run in (r["agentload_runs"][0], r["vllm_bench_runs"][0]):
