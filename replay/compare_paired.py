@@ -33,16 +33,21 @@ RESAMPLES = 2000
 
 
 def matched_requests(base: pl.DataFrame, other: pl.DataFrame) -> pl.DataFrame:
-    """Requests measured in both runs, as the same request (same id and prompt length).
+    """Requests measured in both runs, as the same request (same id, play and prompt
+    length).
 
     ``base`` and ``other`` are measured requests with ``with_request_metrics`` columns;
     the result has ``session_id``, ``request_id`` and each metric as ``<col>_a`` (base)
     and ``<col>_b`` (other).
     """
     cols = [c for c, _ in PAIRED_METRICS]
-    a = base.select("request_id", "session_id", "isl", *cols)
-    b = other.select("request_id", "isl", *cols)
-    joined = a.join(b, on="request_id", suffix="_b")
+    # With --recycle a lane plays a session again: the same id, another play.
+    keys = ["request_id"] + (["play"] if "play" in base.columns and "play" in other.columns
+                             else [])
+    ids = [pl.col(k).fill_null(0) if k == "play" else pl.col(k) for k in keys]
+    a = base.select(*ids, "session_id", "isl", *cols)
+    b = other.select(*ids, "isl", *cols)
+    joined = a.join(b, on=keys, suffix="_b")
     # Another trace, or another salt, can reuse an id for another prompt.
     joined = joined.filter(pl.col("isl") == pl.col("isl_b"))
     return joined.rename({c: f"{c}_a" for c in cols})

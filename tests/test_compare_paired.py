@@ -77,3 +77,13 @@ def test_only_the_same_requests_are_paired() -> None:
     assert one["ttft_s"]["ci95_diff_s"] is None
     assert one["ttft_s"]["verdict"].startswith("no interval")
     assert paired_line("b", "a", one) == []
+
+
+def test_recycled_plays_pair_play_by_play() -> None:
+    # Two plays of the same 10 requests (--recycle): each pairs with its own play only.
+    first, second = _measured(np.full(10, 0.1)), _measured(np.full(10, 0.3))
+    base = pl.concat([first.with_columns(play=pl.lit(0)), second.with_columns(play=pl.lit(1))])
+    other = base.with_columns(ttft_s=pl.col("ttft_s") + 0.01)
+    r = paired_difference(base, other)
+    assert r["matched_requests"] == 20 and r["ttft_s"]["pairs"] == 20
+    assert r["ttft_s"]["median_diff_s"] == pytest.approx(0.01)
