@@ -143,6 +143,28 @@ def test_bootstrap_interval_brackets_the_estimate_and_validity_names_reasons() -
     assert bad["verdict"] == "invalid" and len(bad["reasons"]) == 3
 
 
+def test_bootstrap_gives_no_interval_where_every_draw_is_undefined() -> None:
+    import json
+    import warnings
+
+    from agentload.replay.metrics import bootstrap_ci
+
+    # Every request's tokens read at once (first token = last token): ITL 0, so the
+    # interactivity percentiles (1 / ITL) are undefined in every draw.
+    rows = []
+    for i in range(40):
+        r = row(i, float(i), 0.1, 0.1, 20)
+        r["session_id"] = f"s{i % 4}"
+        rows.append(r)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's all-NaN warning is gone too
+        ci = bootstrap_ci(request_frame(rows), resamples=50)
+    assert ci["p90_interactivity_tok_s"] is None and ci["p50_interactivity_tok_s"] is None
+    low, high = ci["ttft_p50_s"]  # type: ignore[misc]
+    assert low == high == pytest.approx(0.1)
+    json.loads(json.dumps(ci), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
 def test_steady_state_cuts_a_warm_up_transient_and_strata_split_by_depth() -> None:
     from agentload.replay.metrics import by_context_depth, steady_state, steady_state_start
 
