@@ -558,8 +558,9 @@ def _ranges(src: _Source, tables: set[str], strings: pl.DataFrame, ops: pl.DataF
     raw = _unsigned(src.read(NVTX, NVTX_COLUMNS, NVTX_WHERE))
     if isinstance(src, _DirSource):  # the SQL WHERE above only applies to SQLite
         raw = keep_rows(raw, pl.col("eventType").is_in(NVTX_KINDS))
-    raw, categories = _named_ids(raw, strings, CATEGORY_NAME, "category")
-    raw, domains = _named_ids(raw, strings, DOMAIN_CREATE, "domain")
+    raw, categories = _named_ids(raw, strings, CATEGORY_NAME, ["domainId", "category"],
+                                 "category_name")
+    raw, domains = _named_ids(raw, strings, DOMAIN_CREATE, ["domainId"], "domain")
     notes: list[str] = []
     if not raw.height:
         return empty(RANGES_SCHEMA), notes
@@ -609,23 +610,20 @@ def _nvtx_names(rows: pl.DataFrame, strings: pl.DataFrame) -> tuple[pl.DataFrame
     return rows, pl.coalesce(text, pl.col("_registered"))
 
 
-def _named_ids(raw: pl.DataFrame, strings: pl.DataFrame, event_type: int, what: str
-               ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """Split the rows that name ids (``nvtxDomainCreate``: domains; ``nvtxNameCategory``:
-    categories) off the ranges. Domains: ``(proc, domainId) -> domain``; categories:
-    ``(proc, domainId, category) -> category_name``. Both ids are per process, and a
-    category's also per domain. None when no row names one."""
-    keys = ["proc", "domainId"] + (["category"] if what == "category" else [])
+def _named_ids(raw: pl.DataFrame, strings: pl.DataFrame, event_type: int, ids: list[str],
+               out: str) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """Split the ``event_type`` rows, which name ids, off the ranges: ``(proc, *ids) ->
+    out``, the name. ``nvtxDomainCreate`` names a ``domainId``; ``nvtxNameCategory`` a
+    ``category`` within a ``domainId``; both per process. None when no row names one."""
     naming = pl.col("eventType") == event_type
-    if any(k not in raw.columns for k in keys[1:]) or not bool(
-            raw.select(naming.any()).item()):
+    if any(k not in raw.columns for k in ids) or not bool(raw.select(naming.any()).item()):
         return keep_rows(raw, ~naming), None
     rows = raw.filter(naming)
     ranges = raw.filter(~naming)
     rows, name = _nvtx_names(rows, strings)
     named = rows.select((pl.col("globalTid") & pl.lit(PID_MASK, pl.UInt64)).alias("proc"),
-                        *keys[1:], name.alias(what if what == "domain" else "category_name"))
-    return ranges, named.unique(keys, keep="last")
+                        *ids, name.alias(out))
+    return ranges, named.unique(["proc", *ids], keep="last")
 
 
 def _with_categories(frame: pl.DataFrame, names: pl.DataFrame | None) -> pl.DataFrame:

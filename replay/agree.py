@@ -431,8 +431,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                 run["server_ms"] = server_means_ms(run["server"])
             why = spoiled_by(mine, other)
             if why is not None and len(set_aside) < retries:
-                set_aside.append({"run": i + 1, "why": why, "agentload": mine,
-                                  "vllm_bench": other})
+                set_aside.append({"run": i + 1, "why": why})
                 say(f"run {i + 1}/{runs} set aside and run again: {why}")
                 continue
             if why is not None:
@@ -466,7 +465,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             "client_valid_runs": sum(not o["client"].get("saturation_reasons")
                                      for o in ours),
             "agentload_runs": ours, "vllm_bench_runs": theirs,
-            "set_aside": [{"run": x["run"], "why": x["why"]} for x in set_aside],
+            "set_aside": set_aside,
             "spoiled_kept": sum("kept_though" in o for o in ours),
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
             "medians_within_3pct": medians_within, "worst_deviation": worst}

@@ -109,7 +109,7 @@ def _ms(x: float) -> str:
     return f"{ms:+.2f} ms" if abs(ms) < 10 else f"{ms:+.1f} ms"
 
 
-def paired_line(label: str, base_label: str, result: dict[str, Any]) -> list[str]:
+def paired_lines(label: str, base_label: str, result: dict[str, Any]) -> list[str]:
     """Plain-language lines, one per metric with a verdict of better or worse."""
     lines = []
     for col, _ in PAIRED_METRICS:

@@ -23,7 +23,7 @@ from agentload.replay.compare_paired import (
     PAIRED_METRICS,
     paired_cells,
     paired_difference,
-    paired_line,
+    paired_lines,
 )
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import REQUESTS_NAME
@@ -136,7 +136,7 @@ def _explain(runs: Sequence[LoadedRun],
     base = runs[0]
     out = []
     for p in paired or ():
-        out += paired_line(p["label"], base.label, p)
+        out += paired_lines(p["label"], base.label, p)
     for other in runs[1:]:
         for key, label, _unit in HEADLINE:
             ratio, verdict = _verdict(key, base, other)

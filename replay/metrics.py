@@ -258,10 +258,12 @@ def bootstrap_ci(frame: pl.DataFrame, resamples: int = 1000, seed: int = 0,
             draws["e2el_p90_s"].append(float(l90))
     # A draw is NaN where the percentile it inverts was 0 (every chunk of those requests
     # read at once); with no finite draw there is no interval (and no NaN in the JSON).
-    finite = {k: np.asarray(v, dtype=float) for k, v in draws.items()}
-    return {k: ([float(x) for x in np.percentile(v[~np.isnan(v)], [2.5, 97.5])]
-                if (~np.isnan(v)).any() else None)
-            for k, v in finite.items()}
+    out: dict[str, list[float] | None] = {}
+    for k, v in draws.items():
+        finite = np.asarray(v, dtype=float)
+        finite = finite[~np.isnan(finite)]
+        out[k] = [float(x) for x in np.percentile(finite, [2.5, 97.5])] if finite.size else None
+    return out
 
 
 # Student's t at 97.5 % for batches - 1 degrees of freedom (10 batches).

@@ -11,7 +11,7 @@ from agentload.replay.compare_paired import (
     matched_requests,
     paired_cells,
     paired_difference,
-    paired_line,
+    paired_lines,
 )
 from agentload.replay.journal import request_frame
 from agentload.replay.metrics import with_request_metrics
@@ -55,7 +55,7 @@ def test_a_common_slowdown_cancels_in_the_pairs_but_not_in_the_ratio_of_medians(
     # Faster is "better"; the lines say what moved, and only that.
     fast = paired_difference(other, slow_base)
     assert fast["ttft_s"]["verdict"] == "better"
-    lines = paired_line("b", "a", r)
+    lines = paired_lines("b", "a", r)
     assert len(lines) == 1 and lines[0].startswith("b vs a, the same 60 requests: TTFT +")
     cells = paired_cells(r)
     assert cells[0].startswith("+") and " ms [+" in cells[0] and cells[0].endswith("worse")
@@ -76,7 +76,7 @@ def test_only_the_same_requests_are_paired() -> None:
                             _measured(np.full(20, 0.2), sessions=1))
     assert one["ttft_s"]["ci95_diff_s"] is None
     assert one["ttft_s"]["verdict"].startswith("no interval")
-    assert paired_line("b", "a", one) == []
+    assert paired_lines("b", "a", one) == []
 
 
 def test_recycled_plays_pair_play_by_play() -> None:
