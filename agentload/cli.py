@@ -21,6 +21,7 @@ from agentload.profiler.bench import profiler_speed
 from agentload.profiler.cli import app as profile_app
 from agentload.replay.bench import replay_fidelity
 from agentload.replay.cli import app as replay_app
+from agentload.replay.gpu_bundle import bundle_command
 from agentload.replay.measure_cli import agree_command, client_command, emulator_command
 from agentload.traces.bench import import_speed
 from agentload.traces.cli import app as traces_app
@@ -41,6 +42,9 @@ app.add_typer(traces_app, name="traces")
 app.add_typer(profile_app, name="profile")
 app.command("record")(record_command)
 app.command("dashboard")(dashboard_command)
+gpu_app = typer.Typer(no_args_is_help=True, help="Bring real vLLM and agentload to a GPU box.")
+app.add_typer(gpu_app, name="gpu")
+gpu_app.command("bundle")(bundle_command)
 # Replays on a terminal open the dashboard (agentload.tui), which replay cannot import.
 register_dashboard()
 

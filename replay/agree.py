@@ -161,6 +161,18 @@ VLLM_BENCH_IDENTICAL = (
     "serve.main(p.parse_args(sys.argv[1:]))\n")
 
 
+def tokenizer_for(served_model: str) -> Path:
+    """The tokenizer ``vllm bench serve`` needs for a server agentload can build the model
+    of: a dummy-weight preset's directory, else the embedded tiny model's."""
+    from agentload.replay.dummy_models import PRESETS, ensure_dummy_model, served_name
+    from agentload.replay.tiny_model import ensure_tiny_model
+
+    for preset in PRESETS.values():
+        if served_model == served_name(preset):
+            return ensure_dummy_model(preset)
+    return ensure_tiny_model()
+
+
 def agree_prompts(requests: int, input_len: int, output_len: int, salt: int,
                   token_id_range: tuple[int, int], cache_salt: int) -> list[list[int]]:
     """The token ids agentload sends for ``agree_trace(..., salt)`` under ``cache_salt``."""
@@ -368,7 +380,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               input_len: int = 128, output_len: int = 64, runs: int = 3,
               say: Callable[[str], None] = lambda _: None,
               workdir: Path | None = None, pin_clients: bool = True,
-              server_log: Path | None = None, retries: int = 2) -> dict[str, Any]:
+              server_log: Path | None = None, retries: int = 2,
+              tokenizer: Path | None = None) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
 
     A pair in which either tool read over ``SPOILED_SHARE`` of its token events
@@ -381,7 +394,6 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     run in two read whole 48-token answers in one read and measured a TPOT of 0.
     """
     from agentload.replay.run import detect_token_id_range, probe_target
-    from agentload.replay.tiny_model import ensure_tiny_model
 
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
         raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "
@@ -400,7 +412,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
         model, _ = probe_target(base, None, None)
         token_id_range = detect_token_id_range(base, model, None)
         probes = counters_delta(before, server_counters(base))
-        tokenizer = ensure_tiny_model()
+        tokenizer = tokenizer or tokenizer_for(model)
         ours: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
         # A fresh server is slow on its first requests (allocation, warm-up): one short

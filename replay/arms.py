@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentload.replay.dummy_models import PRESETS as DUMMY_PRESETS
+from agentload.replay.dummy_models import ensure_dummy_model, served_name
 from agentload.replay.errors import ReplayError
 from agentload.replay.server import (
     DEFAULT_HOST,
@@ -57,6 +59,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "extends": ((str,), "the name of another arm"),
     "embedded": ((bool,), "true or false"),
     "model": ((str,), "a model name or path"),
+    "dummy_model": ((str,), "the name of a dummy-weight preset (agentload.replay.dummy_models)"),
     "served_model_name": ((str,), "a string"),
     "tensor_parallel_size": ((int,), "an integer >= 1"),
     "pipeline_parallel_size": ((int,), "an integer >= 1"),
@@ -256,13 +259,17 @@ def _resolve(name: str, tables: Mapping[str, Any], chain: list[str],
 
 def _check_resolved(settings: Mapping[str, Any]) -> list[str]:
     if settings.get("embedded"):
-        wrong = [k for k in ("model", "tensor_parallel_size", "pipeline_parallel_size",
-                             "data_parallel_size", "nodes", "command") if k in settings]
+        wrong = [k for k in ("model", "dummy_model", "tensor_parallel_size",
+                             "pipeline_parallel_size", "data_parallel_size", "nodes", "command")
+                 if k in settings]
         return [f"embedded arms serve the tiny local model on one CPU; remove "
                 f"{', '.join(wrong)}"] if wrong else []
     problems = []
-    if "model" not in settings:
-        problems.append("needs model (or embedded = true)")
+    if ("model" in settings) == ("dummy_model" in settings):
+        problems.append("needs exactly one of model and dummy_model (or embedded = true)")
+    if "dummy_model" in settings and settings["dummy_model"] not in DUMMY_PRESETS:
+        problems.append(f"dummy_model {settings['dummy_model']!r} is not a preset (known: "
+                        f"{', '.join(DUMMY_PRESETS)})")
     if "kv_cache_gib" in settings:
         problems.append("kv_cache_gib applies to embedded arms only (use "
                         "gpu_memory_utilization on GPUs)")
@@ -293,8 +300,13 @@ def serve_argv(arm: Arm, host: str, port: int, model_path: str | None = None,
         settings = {**defaults, **settings}
     else:
         command = list(settings.get("command", DEFAULT_COMMAND))
-        model = str(model_path or settings["model"])
+        model = str(model_path or settings.get("model") or f"<{settings['dummy_model']}-dir>")
         argv = ([*command, model] if command[-1] == "serve" else [*command, "--model", model])
+        if "dummy_model" in settings:
+            # Random weights from the preset's config: no checkpoint, nothing downloaded.
+            preset = DUMMY_PRESETS[settings["dummy_model"]]
+            settings = {"served_model_name": served_name(preset), **settings}
+            argv += ["--load-format", "dummy"]
     argv += ["--host", host, "--port", str(port)]
     if arm.nodes > 1:
         argv += ["--nnodes", str(arm.nodes), "--node-rank", str(node_rank)]
@@ -338,11 +350,21 @@ def arm_server_spec(arm: Arm, host: str = DEFAULT_HOST, port: int | None = None,
             served_model=arm.get("served_model_name", SERVED_MODEL_NAME),
             label=label or f"arm {arm.name} (embedded tiny Llama on vLLM CPU)", env=env, gpus=1,
             device="cpu", vocab_size=DEFAULT_TINY_MODEL.vocab_size)
+    model_path, vocab = None, None
+    if "dummy_model" in arm.settings:
+        preset = DUMMY_PRESETS[arm.get("dummy_model")]
+        model_dir = ensure_dummy_model(preset)
+        model_path = str(model_dir)
+        # Prompts must stay inside this tokenizer: an id past its end is refused.
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        served = arm.get("served_model_name", served_name(preset))
+        what = f"{preset.name}, dummy weights"
+    else:
+        served, what = arm.get("served_model_name", arm.get("model")), arm.get("model")
     return ServerSpec(
-        argv=tuple(serve_argv(arm, host, port)), host=host, port=port,
-        served_model=arm.get("served_model_name", arm.get("model")),
-        label=label or f"arm {arm.name} ({arm.get('model')}, {arm.gpus} GPU)", env=env,
-        gpus=arm.gpus, device="gpu")
+        argv=tuple(serve_argv(arm, host, port, model_path)), host=host, port=port,
+        served_model=served, label=label or f"arm {arm.name} ({what}, {arm.gpus} GPU)",
+        env=env, gpus=arm.gpus, device="gpu", vocab_size=vocab)
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[int, str]:

@@ -330,6 +330,7 @@ def compare(
     outputs: Outputs = "canned",
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
+    profile_window: ProfileWindow = None,
 ) -> None:
     """Replay the same workload against each arm in turn and compare them.
 
@@ -360,6 +361,7 @@ def compare(
         allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,
         report=not no_report, progress=_progress_mode(headless, dashboard=False),
         trace_format=trace_format,
+        profile_window=parse_window(profile_window) if profile_window else None,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
                        pause_cap_s=pause_cap),
     )

@@ -142,6 +142,9 @@ CHUNKS_NAME = "chunks.parquet"
 SESSIONS_NAME = "sessions.parquet"
 SERVER_METRICS_NAME = "server_metrics.parquet"
 GPU_METRICS_NAME = "gpu_metrics.parquet"
+SERVER_METRICS_TEXT = "server_metrics_end.txt"
+"""The server's whole ``/metrics`` text at the end of the run (every series, not only
+those agentload tracks)."""
 CHUNK_SCHEMA: dict[str, pl.DataType] = {
     "request_id": pl.String(), "lane": pl.Int32(), "play": pl.Int32(), "index": pl.Int32(),
     "t_ns": pl.Int64(), "tokens": pl.Int32(),

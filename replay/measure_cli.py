@@ -7,6 +7,7 @@ Thin typer wrappers over ``emulator.main``, ``client_bench.client_benchmark`` an
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -85,6 +86,10 @@ def agree_command(
         "--retries", help="Pairs run again, in all, when a tool read over 10 % of its token "
         "events together (its client was held back, not the server).")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="Tokenizer folder of the server's model, for vllm bench serve "
+        "(default: the embedded tiny model's, or the dummy preset's the server names).")
+    ] = None,
 ) -> None:
     """TTFT and ITL P50/P90 of agentload vs vllm bench serve on one vLLM server.
 
@@ -95,7 +100,8 @@ def agree_command(
 
     result = agreement(target, requests=requests, concurrency=concurrency,
                        input_len=input_len, output_len=output_len, runs=runs,
-                       retries=retries, say=lambda line: typer.echo(line, err=True))
+                       retries=retries, tokenizer=tokenizer,
+                       say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:

@@ -36,6 +36,8 @@ class MetricsScrape:
     values: dict[str, float]
     ok: bool = True
     error: str | None = None
+    text: str = ""
+    """The whole exposition as scraped (kept for the run's last scrape)."""
 
 
 def parse_metrics(text: str, wanted: tuple[str, ...] = WANTED) -> dict[str, float]:
@@ -66,7 +68,7 @@ async def scrape(client: httpx.AsyncClient, base_url: str) -> MetricsScrape:
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         return MetricsScrape(values={}, ok=False, error=f"{type(exc).__name__}: {exc}")
-    return MetricsScrape(values=parse_metrics(resp.text))
+    return MetricsScrape(values=parse_metrics(resp.text), text=resp.text)
 
 
 def prefix_cache_hit_rate(before: MetricsScrape, after: MetricsScrape) -> float | None:

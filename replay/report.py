@@ -104,8 +104,10 @@ def spec_decode(run: dict[str, Any]) -> dict[str, float] | None:
     drafts = delta.get("vllm:spec_decode_num_drafts_total")
     if not drafted or accepted is None:
         return None
-    out = {"acceptance_rate": accepted / drafted}
+    out = {"acceptance_rate": accepted / drafted, "draft_tokens": drafted,
+           "accepted_tokens": accepted}
     if drafts:
+        out["drafts"] = drafts
         out["mean_acceptance_length"] = 1 + accepted / drafts
     return out
 

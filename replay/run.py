@@ -49,6 +49,7 @@ from agentload.replay.gpu_telemetry import GpuSampler, open_sampler, summarize_g
 from agentload.replay.journal import (
     GPU_METRICS_NAME,
     JOURNAL_NAME,
+    SERVER_METRICS_TEXT,
     Journal,
     finalize,
     read_journal,
@@ -72,7 +73,7 @@ from agentload.replay.prompts import (
     TextPrompts,
     words_per_token,
 )
-from agentload.replay.report import HEADLINE, fmt, write_reports
+from agentload.replay.report import HEADLINE, fmt, spec_decode, write_reports
 from agentload.replay.server import (
     ManagedServer,
     ServerSpec,
@@ -491,6 +492,8 @@ def run_replay(
                 raise
             else:
                 server_hit = prometheus.prefix_cache_hit_rate(before, after)
+                if after.ok:  # every series the server exposes, as it was at the end
+                    (run_dir / SERVER_METRICS_TEXT).write_text(after.text)
                 run["server"]["metrics_delta"] = {
                     name: prometheus.counter_delta(before, after, name)
                     for name in prometheus.WANTED if name.endswith("_total")}
@@ -542,6 +545,7 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
     summary["gpu_telemetry"] = (
         summarize_gpu(pl.read_parquet(gpu_path).to_dicts()) if gpu_path.is_file()
         else {"available": False, "reason": run.get("gpu_telemetry", "not sampled")})
+    summary["speculative_decoding"] = spec_decode(run)
     summary["by_context_depth"] = by_context_depth(frame)
     summary["client"] = run.get("client_diagnostics") or {
         "available": False, "reason": "not recorded (interrupted, or an older run)"}

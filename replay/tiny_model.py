@@ -28,7 +28,7 @@ from agentload.replay.errors import ServerError
 SERVED_MODEL_NAME = "agentload-tiny-llama"
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
 # Marker file written last, so a build interrupted half-way is never mistaken for a good one.
-_COMPLETE_MARKER = "agentload-build.json"
+COMPLETE_MARKER = "agentload-build.json"
 _CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -89,7 +89,7 @@ def ensure_tiny_model(
             f"smaller heads); got hidden_size={spec.hidden_size}, num_heads={spec.num_heads}"
         )
     target = tiny_model_dir(spec, cache_dir)
-    if (target / _COMPLETE_MARKER).is_file():
+    if (target / COMPLETE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
@@ -99,7 +99,7 @@ def ensure_tiny_model(
             staging.rename(target)
         except OSError:
             # Another process finished first; its build is identical, keep it.
-            if not (target / _COMPLETE_MARKER).is_file():
+            if not (target / COMPLETE_MARKER).is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -129,18 +129,18 @@ def _write_model(spec: TinyModelSpec, out: Path) -> None:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
-    _write_json(out / "config.json", config)
-    _write_json(
+    write_json(out / "config.json", config)
+    write_json(
         out / "generation_config.json", {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
     )
-    _write_json(out / _COMPLETE_MARKER, {"builder": "agentload", "spec": asdict(spec)})
+    write_json(out / COMPLETE_MARKER, {"builder": "agentload", "spec": asdict(spec)})
 
 
-def _write_json(path: Path, obj: object) -> None:
+def write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _training_corpus(seed: int, lines: int = 4000) -> list[str]:
+def _training_corpus(seed: int, lines: int = 4000, words_drawn: int = 3000) -> list[str]:
     """Pseudo-English from a seeded syllable grammar, with code-like and numeric lines.
 
     Agent traffic is mostly prose, code and tool output, so the corpus mixes the three;
@@ -152,7 +152,7 @@ def _training_corpus(seed: int, lines: int = 4000) -> list[str]:
     nuclei = ["a", "e", "i", "o", "u", "ea", "ou", "io", "ai"]
     codas = ["", "", "n", "r", "s", "t", "l", "nd", "st", "ng", "ck"]
     words = sorted({"".join(rng.choice(p) for p in (onsets, nuclei, codas, nuclei, codas))
-                    for _ in range(3000)})
+                    for _ in range(words_drawn)})
     symbols = ["(", ")", "{", "}", "[", "]", " = ", ".", ", ", ": ", "->", "==", "_", "/"]
     corpus = []
     for _ in range(lines):
@@ -169,24 +169,37 @@ def _training_corpus(seed: int, lines: int = 4000) -> list[str]:
 
 
 def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
+    write_tokenizer(out, spec.vocab_size, spec.max_position_embeddings, spec.seed)
+
+
+def write_tokenizer(out: Path, vocab_size: int, max_len: int, seed: int,
+                    corpus_lines: int = 4000) -> int:
+    """A byte-level BPE of at most ``vocab_size`` tokens in ``out``; returns its size.
+
+    Larger corpora (``corpus_lines``) draw more distinct words, so a 32k vocabulary
+    fills up; the default is what the embedded tiny model has always been built from.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(_training_corpus(spec.seed), trainer=trainer)
-    if tokenizer.get_vocab_size() > spec.vocab_size:
-        raise ServerError(f"tokenizer grew to {tokenizer.get_vocab_size()} > {spec.vocab_size}")
+    words_drawn = 3000 if corpus_lines == 4000 else 10 * corpus_lines
+    tokenizer.train_from_iterator(_training_corpus(seed, corpus_lines, words_drawn),
+                                  trainer=trainer)
+    size = tokenizer.get_vocab_size()
+    if size > vocab_size:
+        raise ServerError(f"tokenizer grew to {size} > {vocab_size}")
     tokenizer.save(str(out / "tokenizer.json"))
     bos, eos, pad = SPECIAL_TOKENS
-    _write_json(
+    write_json(
         out / "tokenizer_config.json",
         {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -194,11 +207,12 @@ def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
             "eos_token": eos,
             "pad_token": pad,
             "add_bos_token": False,
-            "model_max_length": spec.max_position_embeddings,
+            "model_max_length": max_len,
             "clean_up_tokenization_spaces": False,
             "chat_template": _CHAT_TEMPLATE,
         },
     )
+    return int(size)
 
 
 def _write_weights(spec: TinyModelSpec, out: Path) -> None:
