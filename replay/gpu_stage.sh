@@ -26,8 +26,28 @@ for load in vllm site; do
   echo "$sum" > "$PREFIX/.$load.sha"
   echo "stage: unpacked $load.tar.xz ($(du -sh "$archive" | cut -f1)) after $(since)"
 done
+# AGENTLOAD_SRC=CHECKOUT: run agentload from that checkout (mapped as pyproject.toml's
+# package-dir maps it) ahead of the bundled wheel, so code edited since the bundle counts.
+path="$PREFIX/site"
+if [ -n "${AGENTLOAD_SRC:-}" ]; then
+  "${PYTHON:-python3}" - "$AGENTLOAD_SRC" "$PREFIX/src" <<'EOF'
+import shutil, sys, tomllib
+from pathlib import Path
+src, dst = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+shutil.rmtree(dst, ignore_errors=True)
+for package, folder in dirs.items():
+    target = dst.joinpath(*package.split("."))
+    target.mkdir(parents=True, exist_ok=True)
+    for item in (src / folder).iterdir():
+        if item.is_file():
+            (target / item.name).symlink_to(item)
+print(f"stage: agentload from {src}")
+EOF
+  path="$PREFIX/src:$path"
+fi
 cat > "$PREFIX/env.sh" <<EOF
-export PYTHONPATH="$PREFIX/site\${PYTHONPATH:+:\$PYTHONPATH}"
+export PYTHONPATH="$path\${PYTHONPATH:+:\$PYTHONPATH}"
 export AGENTLOAD_CACHE="$PREFIX/cache"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CACHE_ROOT="$PREFIX/vllm-cache" PYTHONUNBUFFERED=1

@@ -577,8 +577,18 @@ def default_demo_dir(root: Path = Path("runs")) -> Path:
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The console table printed after a run."""
     width = max(len(label) for _, label, _ in HEADLINE)
-    lines = [f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
-             f"({summary.get('requests_failed')} failed)"]
+    lines = []
+    verdict = summary.get("validity") or {}
+    if verdict.get("verdict") == "invalid":  # first, as the HTML report puts it
+        lines.append("  INVALID RUN: " + "; ".join(verdict.get("reasons", [])))
+    lines.append(f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
+                 f"({summary.get('requests_failed')} failed)")
     lines += [f"  {label:<{width}}  {fmt(summary.get(key), unit)}"
               for key, label, unit in HEADLINE]
+    spec = summary.get("speculative_decoding")
+    if spec:
+        length = spec.get("mean_acceptance_length")
+        lines.append(f"  {'Speculative acceptance':<{width}}  {spec['acceptance_rate']:.1%} of "
+                     f"{spec['draft_tokens']:,.0f} drafted tokens"
+                     + (f", mean acceptance length {length:.2f}" if length else ""))
     return lines

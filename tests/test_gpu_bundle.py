@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentload.replay.agree import tokenizer_for
-from agentload.replay.arms import ArmError, arm_server_spec, load_arm, load_arms
+from agentload.replay.arms import ArmError, arm_server_spec, load_arms
 from agentload.replay.compare import dry_run_lines
 from agentload.replay.dummy_models import PRESETS, dummy_model, ensure_dummy_model
 from agentload.replay.errors import ServerError
@@ -205,3 +205,19 @@ def test_stage_script_fails_loudly_when_an_import_breaks(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode != 0 and "xgrammar" in proc.stderr
     assert lzma  # the loads are xz, as the bundle writes them
+
+
+def test_console_summary_leads_with_the_verdict_and_shows_acceptance() -> None:
+    from agentload.replay.run import summary_lines
+
+    lines = summary_lines({
+        "requests_completed": 10, "requests_failed": 0,
+        "validity": {"verdict": "invalid", "reasons": ["error rate 12.0% > 5%"]},
+        "speculative_decoding": {"acceptance_rate": 0.25, "draft_tokens": 1200.0,
+                                 "accepted_tokens": 300.0, "drafts": 400.0,
+                                 "mean_acceptance_length": 1.75}})
+    assert lines[0] == "  INVALID RUN: error rate 12.0% > 5%"
+    assert lines[-1].split() == ["Speculative", "acceptance", "25.0%", "of", "1,200",
+                                 "drafted", "tokens,", "mean", "acceptance", "length", "1.75"]
+    assert not any("INVALID" in ln for ln in summary_lines(
+        {"requests_completed": 1, "requests_failed": 0, "validity": {"verdict": "valid"}}))

@@ -62,6 +62,10 @@ def test_demo_trace_replays_exactly(embedded_server: str, tmp_path: Path) -> Non
         assert (tmp_path / "run" / name).is_file()
     html = (tmp_path / "run" / "report.html").read_text()
     assert "P90 interactivity" in html and "plotly" in html
+    # The server's whole /metrics at the end, and agentload's deltas agree with it.
+    metrics = (tmp_path / "run" / "server_metrics_end.txt").read_text()
+    assert "vllm:prompt_tokens_total" in metrics and "vllm:cache_config_info" in metrics
+    assert s["speculative_decoding"] is None  # no drafts on this server: no figure
 
 
 def test_per_request_cached_tokens_follow_the_trace(embedded_server: str,

@@ -19,7 +19,7 @@ TRACE_ARGS=(--trace tests/data/weka --scale-tokens 0.25 --max-context 30000 --pa
 mkdir -p "$RUNS" "$PROFILES"
 log() { echo "== $(date +%T) $*"; }
 
-log "stage ($STEP)"; bash .gpu/stage.sh .gpu "$PREFIX" 2>&1 | tee -a "$OUT/stage.txt"
+log "stage ($STEP)"; AGENTLOAD_SRC=$PWD bash .gpu/stage.sh .gpu "$PREFIX" 2>&1 | tee -a "$OUT/stage.txt"
 [ "$STEP" = unpack ] && exit 0
 . "$PREFIX/env.sh"
 nvidia-smi -L | tee "$OUT/gpu.txt"
