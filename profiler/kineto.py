@@ -7,7 +7,9 @@ Facts this relies on (checked on torch 2.11 / CUPTI 13 traces from an H200):
   ``tid`` = stream; their ``args.correlation`` equals the launching ``cuda_runtime`` (or
   ``cuda_driver``) event's, which sits on the real OS pid/tid.
 - ``user_annotation`` events are ``record_function`` ranges on CPU threads: they nest per
-  thread like NVTX push/pop ranges. ``gpu_user_annotation`` is Kineto's projection of
+  thread like NVTX push/pop ranges. With ``with_stack=True`` (vLLM's profiler default),
+  ``python_function`` events named ``nn.Module: <Class>_<k>`` are module forwards on the
+  same threads; they are read as ranges too. ``gpu_user_annotation`` is Kineto's projection of
   the same ranges onto the GPU and is not used (attribution goes through the launch).
 - Kernels of a CUDA-graph replay all carry the ``cudaGraphLaunch``'s correlation and, in
   builds up to at least torch 2.11, no graph node id; newer Kineto may add
@@ -47,6 +49,10 @@ from agentload.profiler.model import (
 GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 RANGE_CATS = {"user_annotation"}
+#: ``python_function`` events kept as ranges: module forwards (``with_stack=True``), the
+#: only layer structure an eager model shows the PyTorch profiler (vLLM's layerwise
+#: tracing is NVTX, which Kineto does not record). Other Python frames are dropped.
+MODULE_PREFIX = "nn.Module: "
 #: Top-level keys read besides ``traceEvents``.
 KEEP_KEYS = frozenset({"deviceProperties"})
 #: Events per batch when a parsed document is passed in (``load_kineto(path, doc)``).
@@ -116,7 +122,8 @@ class _Columns:
                 launches["end"].append(start + _ns(ev.get("dur", 0)))
                 launches["correlation"].append(args.get("correlation"))
                 launches["name"].append(str(ev.get("name", "")))
-            elif ph == "X" and cat in RANGE_CATS:
+            elif ph == "X" and (cat in RANGE_CATS or (
+                    cat == "python_function" and ev.get("name", "").startswith(MODULE_PREFIX))):
                 start = _ns(ev["ts"])
                 ranges["pid"].append(int(ev["pid"]))
                 ranges["tid"].append(int(ev["tid"]))

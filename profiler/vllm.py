@@ -28,6 +28,12 @@ LAYER_RANGE_RE = (r"(?:(?:^|\.)(?:layers|blocks|h)\.\d+"
 at ``layers.<i>`` (or ``blocks.<i>``, ``h.<i>``), or a glued ``layer<i>`` with at most
 one name after it (``layer3.standard``: a layer and the path it took)."""
 COMPILED_RE = r"^Torch Compiled Module \((input|output)\):?(.*)$"
+TORCH_MODULE_RE = r"^nn\.Module: ([A-Za-z_]\w*?)_(\d+)$"
+"""The PyTorch profiler's module ranges (``with_stack=True``): ``nn.Module: <Class>_<k>``,
+``k`` counting that class's instances in the order they first ran."""
+DECODER_CLASS_RE = r"(?:DecoderLayer|Block)$"
+"""A module class that is one decoder layer (``LlamaDecoderLayer``,
+``DeepseekV2DecoderLayer``, ``GPT2Block``): its instance count is the layer index."""
 
 
 def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -57,8 +63,9 @@ def parse_range_names(ranges: pl.DataFrame) -> pl.DataFrame:
 
 def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
     """Add ``module`` (null when the name is not vLLM's dict), ``label`` (the module path,
-    else the raw name), ``layer`` (index from ``layers.<i>``, else null), ``is_layer``
-    (the label ends at ``layers.<i>``) and ``is_output`` (vLLM's output markers)."""
+    else the raw name), ``layer`` (index from ``layers.<i>``, or a decoder-layer class's
+    instance in ``nn.Module: <Class>_<k>``, else null), ``is_layer`` (the range is a whole
+    layer) and ``is_output`` (vLLM's output markers)."""
     name = pl.col("name").fill_null("")
     module = name.str.extract(MODULE_RE, 1)
     compiled = name.str.extract(COMPILED_RE, 2)
@@ -69,10 +76,14 @@ def _parse(ranges: pl.DataFrame) -> pl.DataFrame:
         label=pl.coalesce(module, pl.when(compiled.is_not_null())
                           .then(pl.lit("Torch Compiled Module:") + compiled), name),
     )
+    torch_class = name.str.extract(TORCH_MODULE_RE, 1)
+    torch_layer = (pl.when(torch_class.str.contains(DECODER_CLASS_RE))
+                   .then(name.str.extract(TORCH_MODULE_RE, 2)))
     return out.with_columns(
         layer=pl.coalesce(pl.col("label").str.extract(LAYER_RE, 1),
-                          pl.col("label").str.extract(GLUED_LAYER_RE, 1)).cast(pl.Int64),
-        is_layer=pl.col("label").str.contains(LAYER_RANGE_RE),
+                          pl.col("label").str.extract(GLUED_LAYER_RE, 1),
+                          torch_layer).cast(pl.Int64),
+        is_layer=pl.col("label").str.contains(LAYER_RANGE_RE) | torch_layer.is_not_null(),
     )
 
 
