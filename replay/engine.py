@@ -17,6 +17,7 @@ theoretical prefix-cache hit rate the server's own counters are checked against.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
@@ -153,6 +154,10 @@ class ReplayEngine:
         self._lanes_active = 0
         self._finished = False
         self._stop_reason: str | None = None
+        # Set when nothing more may be sent (deadline, stop, max requests): sleeping lanes
+        # wake at once instead of sleeping out a pause longer than the run.
+        self._closed: asyncio.Event | None = None
+        self._past_deadline = False
         self._itl_s: list[float] = []
         # The client's own health (stamp error, events per read, loop lag) for summary.json.
         self.diagnostics = ClientDiagnostics()
@@ -181,8 +186,14 @@ class ReplayEngine:
 
     async def run(self) -> EngineOutcome:
         self._t0_ns = time.perf_counter_ns()
+        self._closed = asyncio.Event()
+        if self._stop_reason is not None:
+            self._closed.set()
+        deadline = None
         if self.options.duration_s is not None:
             self._deadline_ns = int(self.options.duration_s * 1e9)
+            deadline = asyncio.get_running_loop().call_later(self.options.duration_s,
+                                                             self._closed.set)
         self.journal.write_event("replay_start", 0, users=self.options.users,
                                  recycle=self.options.recycle)
         sessions = list(self.trace.sessions)
@@ -197,6 +208,8 @@ class ReplayEngine:
             await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
         finally:
             self._finished = True
+            if deadline is not None:
+                deadline.cancel()
         stop_reason = self._why_stopped()
         self.live.finish(self.now_ns(), stop_reason)
         outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
@@ -280,13 +293,11 @@ class ReplayEngine:
                     req = planned.request
                 # Build the payload during the pause, so the send itself is on time.
                 payload = self._payload(req)
-                delay = (intended - self.now_ns()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if planned.phase == "measure" and self._dispatch_closed(intended):
-                    self._skipped += 1
-                    return
-                if planned.phase == "warmup" and self._stop_reason is not None:
+                if not self._dispatch_closed(intended):
+                    await self._nap((intended - self.now_ns()) / 1e9)
+                if self._dispatch_closed(intended):
+                    if planned.phase == "measure":
+                        self._skipped += 1
                     return
                 await self._send(play, turn, planned, intended, ready_at, payload, threads)
             finally:
@@ -300,16 +311,26 @@ class ReplayEngine:
     def _why_stopped(self) -> str:
         if self._stop_reason is not None:
             return self._stop_reason
-        if self._deadline_ns is not None and self.now_ns() >= self._deadline_ns:
+        if self._deadline_ns is not None and (self._past_deadline
+                                              or self.now_ns() >= self._deadline_ns):
             return "duration reached"
         if self.options.max_requests is not None and self._sent >= self.options.max_requests:
             return "max requests reached"
         return "trace finished"
 
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the run closes (nothing more will be sent) first."""
+        if seconds <= 0 or self._closed is None or self._closed.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closed.wait(), timeout=seconds)
+
     def stop(self, reason: str) -> None:
         """Send nothing more (requests in flight still finish); ``reason`` is recorded."""
         if self._stop_reason is None:
             self._stop_reason = reason
+            if self._closed is not None:
+                self._closed.set()
             self.journal.write_event("stop", self.now_ns(), reason=reason)
             self.live.stopping(self.now_ns(), reason)
 
@@ -317,6 +338,7 @@ class ReplayEngine:
         if self._stop_reason is not None:
             return True
         if self._deadline_ns is not None and intended_ns >= self._deadline_ns:
+            self._past_deadline = True  # a request fell past the end: the duration cut it
             return True
         return self.options.max_requests is not None and self._sent >= self.options.max_requests
 
@@ -347,6 +369,9 @@ class ReplayEngine:
         theoretical, keys = self.cache_model.send(req.blocks, cache_now=False)
         if planned.phase == "measure":
             self._sent += 1
+            if (self.options.max_requests is not None and self._closed is not None
+                    and self._sent >= self.options.max_requests):
+                self._closed.set()  # the last one: lanes waiting to send wake now
         else:
             self._warmup_sent += 1
         self._in_flight += 1
@@ -393,7 +418,7 @@ class ReplayEngine:
                                      reason=res.error)
             live.event(self.now_ns(), "backoff", f"lane {play.lane} backs off {backoff:g} s: "
                        f"{res.error}", "warn")
-            await asyncio.sleep(backoff)
+            await self._nap(backoff)
         else:
             self._refusals.pop(play.lane, None)
         rec = self._record(play, turn, planned, intended_ns, ready_ns, res, theoretical)

@@ -69,7 +69,7 @@ def test_shipped_files_load_and_inherit() -> None:
     ("[arm.a]\nmodel = 'm'\ntensor_paralel_size = 8\n", "unknown key 'tensor_paralel_size'"),
     ("[arm.a]\nextends = 'b'\n", "extends 'b', which is not an arm in this file"),
     ("[arm.a]\nextends = 'b'\n[arm.b]\nextends = 'a'\n", "extends forms a cycle"),
-    ("[arm.a]\ntensor_parallel_size = 2\n", "[arm.a] needs model (or embedded = true)"),
+    ("[arm.a]\ntensor_parallel_size = 2\n", "[arm.a] needs exactly one of model and dummy_model (or embedded = true)"),
     ("[arm.a]\nembedded = true\nmodel = 'x'\n", "embedded arms serve the tiny local model"),
     ("[arm.a]\nmodel = 'm'\nextra_args = ['--port', '9']\n", "extra_args may not set --port"),
     ("[arm.a]\nmodel = 'm'\nenable_prefix_caching = 1\n",
