@@ -34,6 +34,7 @@ from agentload.replay.client import StreamResult, stream_completion
 from agentload.replay.diagnostics import ClientDiagnostics
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.live import Header, LiveBoard, client_figures
+from agentload.replay.metrics import MAX_ERROR_RATE
 from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
@@ -107,6 +108,8 @@ class ProgressSnapshot:
     ttft_p90_s: float | None
     eta_s: float | None
     finished: bool
+    invalid_reasons: tuple[str, ...] = ()
+    """Why the run would be judged invalid if it ended now (empty while it is valid)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ class ReplayEngine:
         # wake at once instead of sleeping out a pause longer than the run.
         self._closed: asyncio.Event | None = None
         self._past_deadline = False
+        self._client_reasons: tuple[str, ...] = ()
         self._itl_s: list[float] = []
         # The client's own health (stamp error, events per read, loop lag) for summary.json.
         self.diagnostics = ClientDiagnostics()
@@ -181,6 +185,7 @@ class ReplayEngine:
     def _client_figures(self, figures: dict[str, Any], final: bool) -> None:
         t_ns = self.now_ns()
         compact = client_figures(figures)
+        self._client_reasons = tuple(figures.get("saturation_reasons") or ())
         self.journal.write_event("client", t_ns, final=final, **compact)
         self.live.client_sample(t_ns, compact, final)
 
@@ -481,7 +486,16 @@ class ReplayEngine:
             users_active=self._lanes_active, users=self.options.users,
             p90_interactivity_tok_s=(1.0 / float(itl)) if itl else None,
             ttft_p90_s=ttft, eta_s=eta, finished=self._finished,
+            invalid_reasons=self._invalid_now(),
         )
+
+    def _invalid_now(self) -> tuple[str, ...]:
+        """The verdict's reasons that can be judged mid-run: errors and the client's health."""
+        reasons = list(self._client_reasons)
+        ended = self._completed + self._failed
+        if ended and self._failed / ended > MAX_ERROR_RATE:
+            reasons.insert(0, f"error rate {self._failed / ended:.1%} > {MAX_ERROR_RATE:.0%}")
+        return tuple(reasons)
 
 
 def build_http_client(options: ReplayOptions, base_url: str | None = None) -> httpx.AsyncClient:

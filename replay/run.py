@@ -261,9 +261,12 @@ def _load(trace: Trace | Path, fmt: str, say: Say) -> tuple[Trace, str, str]:
 def progress_line(snap: ProgressSnapshot) -> str:
     p90 = fmt(snap.p90_interactivity_tok_s, "tok/s")
     eta = f"{snap.eta_s:.0f} s" if snap.eta_s is not None else "?"
-    return (f"[{snap.elapsed_s:6.1f} s] requests {snap.requests_done}/{snap.requests_total} "
+    line = (f"[{snap.elapsed_s:6.1f} s] requests {snap.requests_done}/{snap.requests_total} "
             f"done, {snap.in_flight} in flight, users active {snap.users_active}/{snap.users}, "
             f"P90 interactivity {p90}, errors {snap.requests_failed}, ETA {eta}")
+    if snap.invalid_reasons:  # said as soon as it happens, not only in summary.json
+        line += " | INVALID: " + "; ".join(snap.invalid_reasons)
+    return line
 
 
 async def _progress_loop(engine: ReplayEngine, mode: ProgressMode, say: Say,

@@ -94,3 +94,16 @@ def test_max_requests_wakes_lanes_waiting_to_send(tmp_path: Path) -> None:
     assert took < 2.0, took
     assert len(rows) == 3
     assert outcome.stop_reason == "max requests reached"  # type: ignore[attr-defined]
+
+
+def test_headless_progress_says_when_the_run_turns_invalid() -> None:
+    from agentload.replay.engine import ProgressSnapshot
+    from agentload.replay.run import progress_line
+
+    base = dict(elapsed_s=3.0, requests_total=10, requests_done=4, requests_failed=2,
+                requests_skipped=0, in_flight=1, users_active=1, users=1,
+                p90_interactivity_tok_s=None, ttft_p90_s=None, eta_s=1.0, finished=False)
+    assert "INVALID" not in progress_line(ProgressSnapshot(**base))  # type: ignore[arg-type]
+    line = progress_line(ProgressSnapshot(**base, invalid_reasons=(  # type: ignore[arg-type]
+        "error rate 33.3% > 10%",)))
+    assert line.endswith("| INVALID: error rate 33.3% > 10%")
