@@ -286,8 +286,8 @@ def test_dynamo_errors_name_line_and_field(tmp_path: Path, rows: list[Any],
         ({"id": "x", "requests": [{"t": 0, "type": "s", "in": "9", "out": 3}]},
          "requests[0] field in: must be a non-negative integer"),
         ({"id": "x", "requests": [{"t": 0, "type": "s", "in": 100, "out": 3,
-                                   "hash_ids": [1, 2]}]},
-         "requests[0] field hash_ids: 2 blocks of 64 tokens disagree with the prompt's 100"),
+                                   "hash_ids": [1, 2, 3]}]},
+         "requests[0] field hash_ids: 3 blocks of 64 tokens disagree with the prompt's 100"),
         ({"id": "x", "requests": [{"t": 0, "type": "q", "in": 100, "out": 3}]},
          "requests[0] field type: unknown request type 'q'"),
         ({"id": "x", "requests": [{"type": "s", "in": 100, "out": 3}]},
@@ -512,3 +512,19 @@ def test_cli_import_stats_and_help(tmp_path: Path) -> None:
     bad = run_cli("traces", "import", "mooncake", str(tmp_path / "missing.jsonl"), "-o",
                   str(tmp_path / "x.jsonl"))
     assert bad.returncode == 2 and bad.stderr.startswith("agentload: error: trace source not")
+
+
+def test_weka_hash_ids_of_the_ceil_length_rule_import(tmp_path: Path) -> None:
+    # Scaled WEKA files hash the partial last block too: ceil(in / 64) ids (AIPerf's rule).
+    doc = {"id": "scaled", "block_size": 64, "requests": [
+        {"t": 0, "type": "s", "in": 100, "out": 3, "hash_ids": [7, 8]},
+        {"t": 5, "type": "s", "in": 100, "out": 3, "hash_ids": [7, 8]},
+        {"t": 9, "type": "s", "in": 128, "out": 3, "hash_ids": [7, 8]},
+    ]}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    a, b, c = import_trace("weka", path).trace.sessions[0].requests
+    assert [blk.tokens for blk in a.blocks] == [64, 36]
+    assert a.blocks == b.blocks  # the same partial hash at the same length is shared
+    assert c.blocks[0] == a.blocks[0] and c.blocks[1] != a.blocks[1]  # full block 8 is not
+    assert [blk.tokens for blk in c.blocks] == [64, 64]

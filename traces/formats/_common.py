@@ -200,16 +200,18 @@ def hashed_blocks(ids: BlockIds, namespace: Hashable, hash_ids: list[int], input
                   block_size: int, reader: FieldReader, *, partial_last: bool) -> list[Block]:
     """Blocks for a prompt of ``input_tokens`` described by per-block source hashes.
 
-    Each hash covers ``block_size`` tokens. With ``partial_last`` (Mooncake, Dynamo:
-    ``len(hash_ids) == ceil(input / block_size)``) the last hash may cover fewer, and
-    its id is keyed by its length too, since it is not the same content as a full block
-    of that hash. Without it (WEKA hashes full blocks only) the tokens past the hashed
-    blocks get fresh ids: nothing else shares them.
+    Each hash covers ``block_size`` tokens. The last hash may cover fewer
+    (``len(hash_ids) == ceil(input / block_size)``), and its id is then keyed by its
+    length too, since it is not the same content as a full block of that hash. With
+    ``partial_last`` (Mooncake, Dynamo) that is the only rule; without it (WEKA) hashes
+    may also cover full blocks only (``floor``, as the published traces do) and the
+    tokens past them get fresh ids that nothing else shares. Scaled WEKA files use the
+    ``ceil`` rule, which AIPerf accepts too.
     """
     n = len(hash_ids)
     hashed = block_size * n
-    too_few = input_tokens < hashed if not partial_last else bool(n) and input_tokens > hashed
-    if (n and input_tokens <= block_size * (n - 1)) or too_few:
+    too_many_tokens = partial_last and bool(n) and input_tokens > hashed
+    if (n and input_tokens <= block_size * (n - 1)) or too_many_tokens:
         raise reader.fail("hash_ids", f"{n} blocks of {block_size} tokens disagree with "
                                       f"the prompt's {input_tokens} input tokens")
     table = ids.table(namespace)
