@@ -61,7 +61,8 @@ def plan_play(session: Session, lane: int, index: int, *, start_turn: int = 0,
 
     Requests listed before main turn ``start_turn`` are dropped (their dependants
     treat them as done when the play starts), except the ``warmup_turns`` main turns
-    just before it, which are played as warmup after a one-token priming request.
+    just before it, which are played as warmup after a one-token priming request. A
+    mid-session start is primed even with no warmup turns.
     """
     reqs = session.requests
     main_positions = [i for i, r in enumerate(reqs) if r.agent_kind == "main"]
@@ -71,8 +72,10 @@ def plan_play(session: Session, lane: int, index: int, *, start_turn: int = 0,
     kept = set(warm) | set(range(cut, len(reqs)))
     kept_ids = {reqs[i].id for i in kept}
     planned: list[PlannedRequest] = []
-    if warm:
-        first = _salted(reqs[warm[0]], marker)
+    if start_turn:
+        # Prime with the first warmup turn's prompt; with no warmup turns, with the turn
+        # just before the start: the context the agent had built by then.
+        first = _salted(reqs[warm[0] if warm else main_positions[start_turn - 1]], marker)
         planned.append(PlannedRequest(replace(first, id=f"{first.id}#prime", output_tokens=1,
                                               depends_on=(), pause_s=0.0),
                                       "warmup", (), prime=True))

@@ -48,6 +48,17 @@ def test_mid_session_start_primes_then_warms_up_then_measures() -> None:
     assert marker.id < 0 and marker != marker_block(2, 1, 16)
 
 
+def test_no_warmup_turns_still_primes_a_mid_session_start() -> None:
+    session = _session()
+    main = [r for r in session.requests if r.agent_kind == "main"]
+    play = plan_play(session, lane=0, index=0, start_turn=3, warmup_turns=0)
+    prime, first = play.requests[:2]
+    assert prime.prime and prime.request.blocks == main[2].blocks  # the turn before
+    assert first.request.id == main[3].id and prime.request.id in first.depends_on
+    assert sum(p.phase == "warmup" for p in play.requests) == 1
+    assert not plan_play(session, 0, 0, start_turn=0, warmup_turns=0).requests[0].prime
+
+
 class _Server:
     """Counts requests; answers each with one SSE token and usage."""
 
