@@ -50,6 +50,8 @@ cat > "$PREFIX/env.sh" <<EOF
 export PYTHONPATH="$path\${PYTHONPATH:+:\$PYTHONPATH}"
 export AGENTLOAD_CACHE="$PREFIX/cache"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# FlashInfer is not in the bundle: vLLM samples with its own top-k/top-p kernels.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 export VLLM_CACHE_ROOT="$PREFIX/vllm-cache" PYTHONUNBUFFERED=1
 EOF
 . "$PREFIX/env.sh"

@@ -275,6 +275,7 @@ class _Body(httpx.AsyncByteStream):
         self.chunk_left = 0  # payload bytes of the current chunk still to come
         self.trailer = False
         self.counted = True  # in the transport's count of streaming bodies
+        self.released = False  # the connection went back (idle or closed) exactly once
         transport.streaming += 1
 
     def _lazy(self) -> bool:
@@ -448,6 +449,13 @@ class _Body(httpx.AsyncByteStream):
 
     def _release(self) -> None:
         self._uncount()
+        # Once only: an empty body is released when its head is parsed and again when the
+        # caller reads it to the end; twice in the idle list, one connection would serve
+        # two requests at once and one of them would wait for ever (its read's waiter
+        # replaced by the other's, so no read timeout fired either).
+        if self.released:
+            return
+        self.released = True
         if self.conn.closed:
             return
         if self.done and self.keep_alive and self.conn.reusable():
@@ -459,8 +467,7 @@ class _Body(httpx.AsyncByteStream):
         self._uncount()
         if not self.done:
             self.conn.close()  # an unfinished body: the connection cannot be reused
-        elif not self.conn.closed and self.conn not in self.t._idle.get(self.conn.key, ()):
-            self._release()
+        self._release()
 
 
 class StampedTransport(httpx.AsyncBaseTransport):

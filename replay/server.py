@@ -218,7 +218,9 @@ class ManagedServer:
     def start(self) -> None:
         check_port_free(self.spec.host, self.spec.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env}
+        # No current directory on the server's sys.path (nor its subprocesses'): started
+        # from a checkout, this repo's top-level kernels/ shadowed Hugging Face's package.
+        env = {**os.environ, "PYTHONSAFEPATH": "1", **self.spec.env}
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             try:

@@ -275,3 +275,49 @@ def test_a_malformed_kept_event_is_named() -> None:
     res = _play([_ev(0), _ev(1), b"data: {not json}\n\n", _ev(3)])
     assert res.error_kind == "malformed" and "not json" in (res.error or "")
     assert res.chunks == 2
+
+
+def test_an_empty_body_returns_its_connection_once() -> None:
+    """vLLM's /start_profile answers 200 with no body. Its connection went back to the idle
+    list twice (at the head, and again when the body was read), so two later streams
+    shared one socket and one of them waited for ever: seen on an H100 as a request in
+    flight for 300 s with no stall reported."""
+    from aiohttp import web
+
+    from agentload.replay.server import free_port
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(10):
+            await resp.write(b'data: {"choices":[{"text":"x"}]}\n\n')
+            await asyncio.sleep(0.005)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def main() -> list[StreamResult]:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/start_profile", empty)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        base = f"http://127.0.0.1:{port}"
+        transport = StampedTransport()
+        try:
+            async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+                assert (await client.post(base + "/start_profile")).status_code == 200
+                assert [len(v) for v in transport._idle.values()] == [1]
+                return list(await asyncio.gather(*(
+                    stream_completion(client, base + "/v1/completions",
+                                      {"prompt": [1], "max_tokens": 10, "stream": True},
+                                      total_timeout_s=5.0) for _ in range(3))))
+        finally:
+            await runner.cleanup()
+
+    results = asyncio.run(main())
+    assert [(r.error, r.chunks) for r in results] == [(None, 10)] * 3

@@ -23,7 +23,7 @@ log "stage ($STEP)"; AGENTLOAD_SRC=$PWD bash .gpu/stage.sh .gpu "$PREFIX" 2>&1 |
 [ "$STEP" = unpack ] && exit 0
 . "$PREFIX/env.sh"
 nvidia-smi -L | tee "$OUT/gpu.txt"
-al() { python3 -m agentload "$@"; }
+al() { python3 -P -m agentload "$@"; }
 
 profile_tables() {  # $1: arm; the layer and step tables of each rank's trace
   for t in "$PROFILES/$1"/*.json.gz; do
@@ -37,7 +37,7 @@ profile_tables() {  # $1: arm; the layer and step tables of each rank's trace
 if [ "$STEP" = compare ]; then
   log "compare moe-graphs vs moe-ngram"
   # SIGTERM makes agentload stop, finalize and report what completed; pack runs after.
-  timeout "${LIMIT:-470}" python3 -m agentload compare --arms arms/gpu-1x.toml --only moe-graphs,moe-ngram "${TRACE_ARGS[@]}" \
+  timeout "${LIMIT:-470}" python3 -P -m agentload compare --arms arms/gpu-1x.toml --only moe-graphs,moe-ngram "${TRACE_ARGS[@]}" \
      --duration "${DURATION:-60}" --profile-window 30:34 --headless -o "$RUNS/gpu-ab" \
      2>&1 | tee "$OUT/compare.txt"
   for arm in moe-graphs moe-ngram; do
@@ -54,11 +54,11 @@ if [ "$STEP" = eager ]; then
       2>/dev/null && break; sleep 2
   done
   log "replay moe-eager (profiled)"
-  timeout "${LIMIT:-200}" python3 -m agentload replay tests/data/weka --target http://127.0.0.1:8011 "${TRACE_ARGS[@]:2}" \
+  timeout "${LIMIT:-200}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 "${TRACE_ARGS[@]:2}" \
      --duration "${DURATION:-45}" --profile-window 20:24 --headless -o "$RUNS/moe-eager" \
      2>&1 | tee "$OUT/eager.txt"
   log "bench agree against vllm bench serve"
-  timeout 200 python3 -m agentload bench agree --target http://127.0.0.1:8011 --requests 128 --runs 3 \
+  timeout 200 python3 -P -m agentload bench agree --target http://127.0.0.1:8011 --requests 128 --runs 3 \
      --json > "$RUNS/agree.json" 2> "$OUT/agree.txt"
   tail -5 "$RUNS/agree.json"
   log "profile moe-eager"; profile_tables moe-eager > "$OUT/profile-moe-eager.txt" 2>&1
