@@ -35,12 +35,13 @@ profile_tables() {  # $1: arm; the layer and step tables of each rank's trace
 }
 
 if [ "$STEP" = compare ]; then
-  log "compare moe-graphs vs moe-ngram"
+  ARMS=${ARMS:-moe-graphs,moe-ngram}
+  log "compare $ARMS"
   # SIGTERM makes agentload stop, finalize and report what completed; pack runs after.
-  timeout "${LIMIT:-470}" python3 -P -m agentload compare --arms arms/gpu-1x.toml --only moe-graphs,moe-ngram "${TRACE_ARGS[@]}" \
+  timeout "${LIMIT:-470}" python3 -P -m agentload compare --arms arms/gpu-1x.toml --only "$ARMS" "${TRACE_ARGS[@]}" \
      --duration "${DURATION:-60}" --profile-window 30:34 --headless -o "$RUNS/gpu-ab" \
      2>&1 | tee "$OUT/compare.txt"
-  for arm in moe-graphs moe-ngram; do
+  for arm in ${ARMS//,/ }; do
     log "profile $arm"; profile_tables "$arm" > "$OUT/profile-$arm.txt" 2>&1
   done
 fi
