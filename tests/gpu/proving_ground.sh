@@ -46,6 +46,15 @@ if [ "$STEP" = compare ]; then
   done
 fi
 
+if [ "$STEP" = single ]; then  # one arm, agentload starting its server
+  log "replay $ARM"
+  timeout "${LIMIT:-300}" python3 -P -m agentload replay tests/data/weka \
+     --arm "arms/gpu-1x.toml:$ARM" "${TRACE_ARGS[@]:2}" --duration "${DURATION:-40}" \
+     --profile-window 25:29 --headless -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
+  tar -czf "$OUT/runs-$STEP.tar.gz" --exclude='*.html' -C "$RUNS" "$ARM"
+  log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
+fi
+
 if [ "$STEP" = eager ]; then
   log "serve moe-eager"
   al serve --arm arms/gpu-1x.toml:moe-eager --port 8011 --log "$RUNS/eager-server.log" \
