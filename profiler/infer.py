@@ -11,6 +11,7 @@ prelude that ends with the layer's last kernel shifts the cut by one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,9 +30,38 @@ class Period:
     reps: int
 
 
+GENERATED_INDEX = re.compile(r"^([a-z][a-z0-9]*(?:_[a-z0-9]+)*)_\d+$")
+"""A generated kernel name ending in an index: torch.compile numbers the kernels of each
+compiled graph (``triton_poi_fused_3``, ``copy_index_select_..._view_5``), so the same
+kernel of two layers compiled as two piecewise graphs carries two indices."""
+
+
+def kernel_identity(name: str) -> str:
+    """``name`` less torch.compile's per-graph index: what repeats from layer to layer."""
+    match = GENERATED_INDEX.match(name)
+    return match.group(1) if match else name
+
+
+def identity_ids(ids: npt.NDArray[np.int64], names: dict[int, str]) -> npt.NDArray[np.int64]:
+    """Kernel name ids mapped so that names equal up to :func:`kernel_identity` share one."""
+    if not len(ids):
+        return ids
+    canon: dict[str, int] = {}
+    table = np.arange(int(ids.max()) + 1, dtype=np.int64)
+    for i, name in names.items():
+        if 0 <= i < len(table):
+            table[i] = canon.setdefault(kernel_identity(name), i)
+    return table[np.clip(ids, 0, None)]
+
+
 def find_period(seq: npt.NDArray[np.int64], min_reps: int = 2,
-                min_period: int = 2) -> Period | None:
-    """The repeating block of ``seq`` (kernel name ids in launch order), or None."""
+                min_period: int = 2, min_share: float = 0.5) -> Period | None:
+    """The repeating block of ``seq`` (kernel name ids in launch order), or None.
+
+    The repeats must cover ``min_share`` of the sequence: a step of a few bookkeeping
+    kernels (a sampler, input preparation) often holds two short equal runs by chance,
+    which are not layers (vLLM on an H100: "2 layers of 2 kernels" in 16 such kernels).
+    """
     n = min(len(seq), MAX_SEQUENCE)
     seq = seq[:n]
     best: Period | None = None
@@ -53,6 +83,8 @@ def find_period(seq: npt.NDArray[np.int64], min_reps: int = 2,
         if reps >= min_reps and cover > best_cover:
             best_cover = cover
             best = Period(offset=int(starts[k]), period=p, reps=reps)
+    if best is not None and best.period * best.reps < min_share * n:
+        return None
     return best
 
 

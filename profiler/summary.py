@@ -31,7 +31,7 @@ import polars as pl
 
 from agentload.profiler import compiled
 from agentload.profiler.attribute import VIA_CODES, Attribution, ints
-from agentload.profiler.infer import block_labels, find_period
+from agentload.profiler.infer import block_labels, find_period, identity_ids
 from agentload.profiler.model import OP_KINDS, pid_of
 from agentload.profiler.vllm import layer_type
 
@@ -121,6 +121,7 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
     cols: Cols = {
         "proc": ops["proc"].fill_null(0).to_numpy(), "start": ints(ops["start"], 0),
         "end": ints(ops["end"], 0), "name_id": ints(ops["name_id"]),
+        "stream": ints(ops["stream"], -1),
         "launch_start": ints(ops["launch_start"], 0), "inst": inst,
         "kernel": _any_equal(kind, kernel_codes)}
     graph_node, graph_launch = VIA_CODES["graph-node"], VIA_CODES["graph-launch"]
@@ -140,7 +141,8 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
                     graph_step=np.zeros(n, bool))
     inferred = False
     if do_infer:
-        cols, inote = _infer_layers(cols)
+        names = dict(att.profile.strings.select("id", "value").iter_rows())
+        cols, inote = _infer_layers(cols, names)
         inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)
@@ -162,27 +164,38 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
                    path=att.profile.path, warnings=att.profile.warnings)
 
 
-def _infer_layers(cols: Cols) -> tuple[Cols, str | None]:
+def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
     """Split each step (step range, or graph replay) into inferred layers."""
     frame = pl.DataFrame({k: pl.Series(_column(cols, k)) for k in cols}).sort(
         "proc", "step_key", "launch_start", "start")
     cols = {k: frame[k].to_numpy() for k in frame.columns}
-    seq_ids = cols["name_id"]
+    seq_ids = identity_ids(cols["name_id"], names)
     bounds = np.flatnonzero(np.concatenate(
         ([True], (cols["proc"][1:] != cols["proc"][:-1])
          | (cols["step_key"][1:] != cols["step_key"][:-1]), [True])))
     block = np.zeros(frame.height, np.int64)
     cache: dict[bytes, tuple[np.ndarray, int, int]] = {}
     periods: list[tuple[int, int]] = []
+    streams = cols["stream"]
     for a, b in itertools.pairwise(bounds):
-        seq = seq_ids[a:b]
+        # The period is searched on the step's busiest stream alone: work a model puts on
+        # a side stream (vLLM's shared experts) overlaps the main stream's, and lands
+        # among its kernels in a different order each step.
+        values, counts = np.unique(streams[a:b], return_counts=True)
+        main = streams[a:b] == values[np.argmax(counts)]
+        seq = seq_ids[a:b][main]
         h = seq.tobytes()
         if h not in cache:  # identical steps (graph replays) are searched once
             per = find_period(seq)
             cache[h] = (block_labels(len(seq), per), per.period if per else 0,
                         per.reps if per else 0)
         labels, period, reps = cache[h]
-        block[a:b] = labels
+        if main.all():
+            block[a:b] = labels
+        else:  # a side-stream op joins the block of the main-stream op started before it
+            starts = cols["start"][a:b]
+            before = np.searchsorted(starts[main], starts, side="right") - 1
+            block[a:b] = labels[np.clip(before, 0, len(labels) - 1)]
         periods.append((period, reps))
     found = [p for p in periods if p[0]]
     if not found:
