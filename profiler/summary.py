@@ -181,6 +181,9 @@ def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
         # The period is searched on the step's busiest stream alone: work a model puts on
         # a side stream (vLLM's shared experts) overlaps the main stream's, and lands
         # among its kernels in a different order each step.
+        if b > len(streams):  # no ops at all: bounds are [0, 1] for an empty frame
+            periods.append((0, 0))
+            continue
         values, counts = np.unique(streams[a:b], return_counts=True)
         main = streams[a:b] == values[np.argmax(counts)]
         seq = seq_ids[a:b][main]
