@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+MIN_SEQUENCE = 12
+"""Shortest step searched: a decode step of any transformer launches more kernels, while
+a few bookkeeping kernels outside the step ranges (a sampler's 6) repeat by chance."""
 MAX_SEQUENCE = 20_000
 """Longest step searched (the search is O(n^2 / 2) compares, vectorized per shift)."""
 
@@ -63,6 +66,8 @@ def find_period(seq: npt.NDArray[np.int64], min_reps: int = 2,
     which are not layers (vLLM on an H100: "2 layers of 2 kernels" in 16 such kernels).
     """
     n = min(len(seq), MAX_SEQUENCE)
+    if n < MIN_SEQUENCE:
+        return None
     seq = seq[:n]
     best: Period | None = None
     best_cover = 0

@@ -32,6 +32,7 @@ import polars as pl
 from agentload.profiler import compiled
 from agentload.profiler.attribute import VIA_CODES, Attribution, ints
 from agentload.profiler.infer import block_labels, find_period, identity_ids
+from agentload.profiler.kineto import MODULE_PREFIX as TORCH_MODULE_PREFIX
 from agentload.profiler.model import OP_KINDS, pid_of
 from agentload.profiler.vllm import layer_type
 
@@ -101,7 +102,10 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         step_flag = ranges["label"].str.contains(step_pattern).fill_null(False).to_numpy()
         step_of = _ancestor(step_flag.astype(bool), parent, depth)
     else:
-        step_of = _root(parent, depth)
+        # A top-level module forward (vLLM's sampler runs after its step range closes)
+        # is part of a step, not a step of its own.
+        module = ranges["label"].str.starts_with(TORCH_MODULE_PREFIX).fill_null(False)
+        step_of = _ancestor((depth == 1) & ~module.to_numpy(), parent, depth)
     ops = att.ops
     n = ops.height
     rng = ints(ops["range"])
@@ -213,7 +217,8 @@ def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
     common = max(set(found), key=found.count)
     return cols, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
                   f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
-                  f"often {common[1]} layers of {common[0]} kernels); names are "
+                  f"often {common[1]} layers of {common[0]} kernels on the step's busiest stream); "
+                  "names are "
                   "inferred.layers.<i>")
 
 

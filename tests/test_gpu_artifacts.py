@@ -1,0 +1,117 @@
+"""What real vLLM on a GPU produced, read back by agentload on a CPU machine.
+
+``tests/data/gpu/`` holds artifacts of vLLM 0.26.0 serving the dummy-weight ``dsv3-mini``
+MoE (arms/gpu-1x.toml) on an NVIDIA H100 80GB HBM3, driven by ``tests/gpu/proving_ground.sh``
+(provenance and trimming in ``tests/data/README.md``):
+
+- ``run_moe_ngram_eager/``: the run directory of a 35 s replay of the WEKA fixture sessions
+  (16 users, ``--recycle``) against the ``moe-ngram-eager`` arm (n-gram speculative
+  decoding, eager mode): journal, run.json, summary.json, gpu_metrics.parquet and the
+  server's whole ``/metrics`` text at the end;
+- ``dsv3mini_eager_ngram_h100.json.gz``: three decode steps of that server's torch profile
+  (module ranges from ``with_stack``);
+- ``dsv3mini_graphs_h100.json.gz``: three decode steps of the ``moe-graphs`` arm (CUDA graphs
+  + torch.compile), where no layer range exists.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentload.profiler import attribute, load_profile, summarize
+from agentload.replay import prometheus
+from agentload.replay.report import spec_decode
+from agentload.replay.run import write_results
+
+DATA = Path(__file__).parent / "data" / "gpu"
+RUN = DATA / "run_moe_ngram_eager"
+EAGER = DATA / "dsv3mini_eager_ngram_h100.json.gz"
+GRAPHS = DATA / "dsv3mini_graphs_h100.json.gz"
+LAYERS = 12  # dsv3-mini: the first layer dense, 11 MoE layers
+
+
+def test_every_series_agentload_reads_is_in_the_real_metrics_text() -> None:
+    text = (RUN / "server_metrics_end.txt").read_text()
+    values = prometheus.parse_metrics(text)
+    assert set(prometheus.WANTED) <= set(values), set(prometheus.WANTED) - set(values)
+    # Counters as the run's end saw them: prompt tokens and hits match the run's deltas,
+    # because the server was started for this run (its counters began at 0).
+    delta = json.loads((RUN / "run.json").read_text())["server"]["metrics_delta"]
+    for name in ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total",
+                 "vllm:spec_decode_num_draft_tokens_total"):
+        assert values[name] >= delta[name] > 0
+    # MLA's KV cache block is 16 tokens here (not the 64 of the trace's blocks).
+    assert prometheus.kv_block_size(text) == 16
+    assert prometheus.info_labels(text)["enable_prefix_caching"] == "True"
+
+
+def test_speculative_acceptance_from_the_real_counters() -> None:
+    run = json.loads((RUN / "run.json").read_text())
+    spec = spec_decode(run)
+    assert spec is not None
+    # Random weights make greedy decoding cycle, so n-gram drafts are all accepted.
+    assert spec["acceptance_rate"] == 1.0 and spec["draft_tokens"] == 3274
+    assert 3.8 < spec["mean_acceptance_length"] <= 4.0  # 3 drafts + the verified token
+
+
+def test_the_report_builds_from_the_real_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(RUN, run_dir)
+    stored = json.loads((RUN / "summary.json").read_text())
+    result = write_results(run_dir)
+    s = result.summary
+    for key in ("requests_completed", "osl_exact_fraction", "p90_interactivity_tok_s",
+                "e2e_norm_p90_interactivity_tok_s", "ttft_p50_s", "ttft_p90_s",
+                "server_prefix_cache_hit_rate", "theoretical_prefix_cache_hit_rate_all"):
+        assert s[key] == pytest.approx(stored[key], rel=1e-9), key
+    assert s["requests_completed"] == 60 and s["osl_exact_fraction"] == 1.0
+    assert s["speculative_decoding"]["acceptance_rate"] == 1.0
+    # The server counts warmup requests too: against the same traffic, within 2 points.
+    assert abs(s["server_prefix_cache_hit_rate"]
+               - s["theoretical_prefix_cache_hit_rate_all"]) < 0.02
+    assert s["gpu_telemetry"]["available"] and s["gpu_telemetry"]["gpus"][0]["samples"] > 10
+    html = (run_dir / "report.html").read_text()
+    assert "Speculative decoding" in html or "speculative decoding" in html
+    assert pl.read_parquet(run_dir / "requests.parquet").height == 92  # warmup included
+
+
+def _layers(path: Path) -> dict[str, dict[str, object]]:
+    s = summarize(attribute(load_profile(path)), level="layer")
+    return {r["name"]: r for r in s.layers.iter_rows(named=True)}
+
+
+def test_eager_trace_has_every_decoder_layer_with_equal_kernels_per_step() -> None:
+    rows = _layers(EAGER)
+    decoder = {name: r for name, r in rows.items() if "DecoderLayer_" in name}
+    assert sorted(decoder) == sorted(f"nn.Module: DeepseekV2DecoderLayer_{i}"
+                                     for i in range(LAYERS))
+    per_step = {name: r["kernels"] / r["instances"] for name, r in decoder.items()}
+    assert all(r["instances"] == 3 for r in decoder.values())
+    assert per_step["nn.Module: DeepseekV2DecoderLayer_0"] == 17  # the dense layer
+    assert {per_step[f"nn.Module: DeepseekV2DecoderLayer_{i}"]
+            for i in range(1, LAYERS)} == {25}  # MoE layers, every step alike
+    total = sum(int(r["kernel_ns"]) for r in rows.values())
+    in_layers = sum(int(r["kernel_ns"]) for r in decoder.values())
+    named = sum(int(r["kernel_ns"]) for name, r in rows.items()
+                if name.startswith("nn.Module: "))
+    assert in_layers / total > 0.95  # decode time attributed to a decoder layer
+    assert named / total > 0.97  # ... or to a named module around them (embedding, LM head)
+
+
+def test_graph_trace_layers_are_inferred_from_the_replayed_kernels() -> None:
+    s = summarize(attribute(load_profile(GRAPHS)), level="layer")
+    rows = {r["name"]: r for r in s.layers.iter_rows(named=True)}
+    layers = [rows[f"inferred.layers.{i}"] for i in range(LAYERS - 1)]
+    assert f"inferred.layers.{LAYERS - 1}" not in rows
+    # 11 MoE layers of 24 kernels in each of the 3 replays; the dense first layer and the
+    # embedding are the prelude (torch.compile fused them into 18 kernels).
+    assert {(r["instances"], r["kernels"]) for r in layers} == {(3, 72)}
+    assert (rows["inferred.prelude"]["instances"], rows["inferred.prelude"]["kernels"]) == (3, 54)
+    assert any("layers inferred" in n for n in s.notes)
+    replays = s.steps.filter(pl.col("kernels") == 282)
+    assert replays.height == 3 and set(replays["layers"]) == {11}
