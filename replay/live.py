@@ -197,6 +197,10 @@ class ServerGauges:
     waiting: float | None = None
     kv_usage: float | None = None
     prefix_hit_rate: float | None = None
+    spec_acceptance: float | None = None
+    """Accepted / drafted speculative tokens over the run so far (None: no drafts)."""
+    spec_mean_length: float | None = None
+    """1 + accepted / drafts: tokens each verification step yields on average."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,6 +548,8 @@ class LiveBoard:
         self._series: dict[str, deque[float]] = {k: deque(maxlen=HISTORY_BINS)
                                                  for k, _, _ in SERIES}
         self._server: ServerGauges | None = None
+        # The speculative counters at the first scrape: acceptance is over the run.
+        self._spec_first: tuple[float | None, ...] | None = None
         self._server_ok: bool | None = None
         self._server_prev: dict[str, float] | None = None
         self._server_hist: deque[tuple[int, float, float]] = deque(maxlen=WINDOW_BINS + 1)
@@ -707,10 +713,21 @@ class LiveBoard:
             if queries - q0 > 0:
                 rate = (hits - h0) / (queries - q0)
         kv = values.get("vllm:kv_cache_usage_perc")
+        spec = tuple(values.get(f"vllm:spec_decode_num_{k}_total")
+                     for k in ("accepted_tokens", "draft_tokens", "drafts"))
+        if self._spec_first is None and None not in spec:
+            self._spec_first = spec
+        acceptance = length = None
+        if self._spec_first is not None and None not in spec:
+            accepted, drafted, drafts = (float(a or 0.0) - float(b or 0.0)
+                                         for a, b in zip(spec, self._spec_first, strict=True))
+            if drafted > 0:
+                acceptance = accepted / drafted
+                length = 1 + accepted / drafts if drafts > 0 else None
         self._server = ServerGauges(
             t_ns / 1e9, True, running=values.get("vllm:num_requests_running"),
             waiting=values.get("vllm:num_requests_waiting"), kv_usage=kv,
-            prefix_hit_rate=rate)
+            prefix_hit_rate=rate, spec_acceptance=acceptance, spec_mean_length=length)
 
     @property
     def client(self) -> ClientHealth | None:

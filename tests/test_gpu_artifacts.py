@@ -115,3 +115,17 @@ def test_graph_trace_layers_are_inferred_from_the_replayed_kernels() -> None:
     assert any("layers inferred" in n for n in s.notes)
     replays = s.steps.filter(pl.col("kernels") == 282)
     assert replays.height == 3 and set(replays["layers"]) == {11}
+
+
+def test_the_dashboard_shows_acceptance_from_the_real_scrapes() -> None:
+    """The run's last scrape, fed to the live board the dashboard reads."""
+    from agentload.replay.live import Header, LiveBoard
+    from agentload.tui.widgets import spec_text
+
+    board = LiveBoard(Header("arm", "weka", 1, 16, 0, 35.0, recycle=True))
+    end = prometheus.parse_metrics((RUN / "server_metrics_end.txt").read_text())
+    board.server_sample(1_000_000_000, {k: 0.0 for k in end})  # the server's counters at 0
+    assert spec_text(board.publish(1_000_000_000).server) == ""  # nothing drafted yet
+    board.server_sample(2_000_000_000, end)
+    shown = spec_text(board.publish(2_000_000_000).server)
+    assert shown == "spec. acceptance 100.0%, mean length 3.87"

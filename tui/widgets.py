@@ -29,6 +29,7 @@ from agentload.replay.live import (
     LaneView,
     LiveSnapshot,
     Series,
+    ServerGauges,
     Weighting,
 )
 from agentload.tui import format as f
@@ -172,6 +173,9 @@ class Headline(TextPanel):
                          "red")
         if t.osl_exact_fraction is not None:
             extra.append(f" · exact OSL {f.percent(t.osl_exact_fraction)}")
+        spec = spec_text(snap.server)
+        if spec:
+            extra.append(f" · {spec}")
         # The client's own reasons are on the client line below; not twice.
         client = set(snap.client.reasons) if snap.client is not None else set()
         reasons = [r for r in t.reasons if r not in client]
@@ -181,6 +185,15 @@ class Headline(TextPanel):
             extra.append(" · " + "; ".join(reasons), "red")
         extra.append("  [d] definitions", "dim")
         self.set_text(Text("\n", no_wrap=True, overflow="crop").join([labels, row, extra]))
+
+
+def spec_text(server: ServerGauges | None) -> str:
+    """Speculative decoding as the server counts it, or "" when it drafted nothing."""
+    if server is None or server.spec_acceptance is None:
+        return ""
+    length = (f", mean length {server.spec_mean_length:.2f}"
+              if server.spec_mean_length is not None else "")
+    return f"spec. acceptance {f.percent(server.spec_acceptance)}{length}"
 
 
 def client_line(c: ClientHealth | None) -> Text:
