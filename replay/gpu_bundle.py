@@ -296,7 +296,7 @@ def bundle_command(
     """Pack vLLM 0.26.0 and agentload for an offline GPU box (two loads under 64 MiB).
 
     Then, on the box: bash OUTPUT/stage.sh; . /tmp/agentload-gpu/env.sh; and run
-    agentload there (docs: "Running on a GPU box" in the README).
+    agentload there (docs/gpu.md).
     """
     build_bundle(output, arch=arch, wheelhouse=wheelhouse,
                  say=lambda line: typer.echo(line, err=True))

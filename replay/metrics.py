@@ -1,4 +1,4 @@
-"""Per-request metrics and run aggregates, exactly as ../shared/DESIGN.md defines them.
+"""Per-request metrics and run aggregates, exactly as docs/metrics.md defines them.
 
 Per request (from ``requests.parquet``; ns since run start):
   TTFT = first token chunk - sent;  E2EL = last token chunk - sent;

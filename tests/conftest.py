@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+DATA = ROOT / "tests" / "data"
 
 
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None,

@@ -1,5 +1,5 @@
-"""Importers on real files (tests/data, copied unmodified from ../shared/fixtures) and on
-hand-written files for the formats no fixture covers; every malformed-input class."""
+"""Importers on real files (tests/data: public files copied unmodified, see its README) and
+on hand-written files for the formats no fixture covers; every malformed-input class."""
 
 from __future__ import annotations
 

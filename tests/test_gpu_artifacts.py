@@ -2,7 +2,7 @@
 
 ``tests/data/gpu/`` holds artifacts of vLLM 0.26.0 serving the dummy-weight ``dsv3-mini``
 MoE (arms/gpu-1x.toml) on an NVIDIA H100 80GB HBM3, driven by ``tests/gpu/proving_ground.sh``
-(provenance and trimming in ``tests/data/README.md``):
+(provenance and trimming in ``tests/data/gpu/README.md``):
 
 - ``run_moe_ngram_eager/``: the run directory of a 35 s replay of the WEKA fixture sessions
   (16 users, ``--recycle``) against the ``moe-ngram-eager`` arm (n-gram speculative

@@ -1,7 +1,7 @@
 """GPU staging without a GPU: dummy-weight presets, GPU arms, fatbin pruning, the stage script.
 
 The bundle itself (``agentload gpu bundle``) downloads ~400 MB of wheels and is exercised
-on the lent GPU box (docs: README "Running on a GPU box"); here every piece it is built
+on the lent GPU box (docs/gpu.md); here every piece it is built
 from is checked on what it does to known inputs.
 """
 

@@ -1,4 +1,4 @@
-"""Real Kineto traces from an H200: the shared graph-replay fixture and our own capture.
+"""Real Kineto traces from an H200: a graph-replay capture and our own decoder capture.
 
 ``tests/data/profiler/decoder4_kineto.json.gz`` was captured by
 ``tests/gpu/capture_h200_fixture.py`` on an NVIDIA H200 (torch 2.11.0+cu130): 3 eager
@@ -20,12 +20,11 @@ import pytest
 
 from agentload.profiler import attribute, load_profile, summarize
 from agentload.profiler.summary import short_kernel_name
-from tests.conftest import FIXTURES
 
 DATA = Path(__file__).parent / "data" / "profiler"
 TRACE = DATA / "decoder4_kineto.json.gz"
 TRUTH = json.loads((DATA / "decoder4_truth.json").read_text())
-SHARED = FIXTURES / "kineto" / "graph_replay_torch2.11_h200.json"
+SHARED = DATA / "graph_replay_torch2.11_h200.json"
 
 
 def truth_kernels(layer: str) -> list[str]:
@@ -79,7 +78,6 @@ def test_graph_replays_are_opaque_to_kineto_and_said_so() -> None:
     assert set(graph_steps["kernels"].to_list()) == {per_replay}
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="shared fixtures not present")
 def test_shared_graph_replay_fixture() -> None:
     att = attribute(load_profile(SHARED))
     s = summarize(att)

@@ -37,10 +37,10 @@ from agentload.profiler.model import (
     THREADS_SCHEMA,
     conform,
 )
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data" / "profiler"
-REAL = [*sorted(DATA.glob("*.json.gz")), FIXTURES / "kineto" / "graph_replay_torch2.11_h200.json"]
+REAL = [*sorted(DATA.glob("*.json.gz")), DATA / "graph_replay_torch2.11_h200.json"]
 FRAMES = ("ops", "launches", "ranges", "strings", "processes", "threads", "devices")
 
 
@@ -193,8 +193,6 @@ def assert_same_profile(path: Path) -> None:
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
 def test_real_traces_match_the_whole_document_parse(path: Path) -> None:
-    if not path.exists():
-        pytest.skip("shared fixtures not present")
     assert_same_profile(path)
 
 

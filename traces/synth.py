@@ -427,7 +427,7 @@ def demo(block_size: int = PRESET_BLOCK_SIZE) -> SynthConfig:
 def agentx_coding(block_size: int = PRESET_BLOCK_SIZE) -> SynthConfig:
     """Coding-agent traffic fitted to the WEKA / SemiAnalysis Claude Code traces.
 
-    Measured on the four sessions in ``shared/fixtures/weka`` (traces 0107, 0146, 0291,
+    Measured on the four sessions in ``tests/data/weka`` (traces 0107, 0146, 0291,
     0504: 34 main requests, 2 Explore subagents with 12 requests; 64-token blocks):
 
     - Shared prefix (tool_tokens + system_tokens): 15,215 / 15,418 / 15,484 tokens in
