@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 from agentload.replay.errors import ServerError
 from agentload.replay.tiny_model import (
     COMPLETE_MARKER,
+    build_once,
     default_cache_dir,
     write_json,
     write_tokenizer,
@@ -109,29 +108,14 @@ def dummy_model_dir(model: DummyModel, cache_dir: Path | None = None) -> Path:
 
 
 def ensure_dummy_model(model: DummyModel, cache_dir: Path | None = None) -> Path:
-    """The directory of ``model`` (config + tokenizer), built first if missing.
-
-    Built in a temporary sibling and renamed into place, as the tiny model is, so a
-    build killed half-way never leaves a directory that looks complete.
-    """
-    target = dummy_model_dir(model, cache_dir)
-    if (target / COMPLETE_MARKER).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
-        vocab = write_tokenizer(staging, DUMMY_VOCAB, model.max_model_len, seed=0,
+    """The directory of ``model`` (config + tokenizer), built first if missing."""
+    def write(out: Path) -> None:
+        vocab = write_tokenizer(out, DUMMY_VOCAB, model.max_model_len, seed=0,
                                 corpus_lines=12000)
-        write_json(staging / "config.json", {**model.config, "vocab_size": vocab})
-        write_json(staging / "generation_config.json",
+        write_json(out / "config.json", {**model.config, "vocab_size": vocab})
+        write_json(out / "generation_config.json",
                    {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2})
-        write_json(staging / COMPLETE_MARKER, {"builder": "agentload", "dummy_model": model.name,
-                                               "vocab_size": vocab})
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / COMPLETE_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        write_json(out / COMPLETE_MARKER, {"builder": "agentload", "dummy_model": model.name,
+                                           "vocab_size": vocab})
+
+    return build_once(dummy_model_dir(model, cache_dir), write)

@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,13 +89,18 @@ def ensure_tiny_model(
             f"tiny model head_dim must be a whole number >= 32 (vLLM's CPU attention refuses "
             f"smaller heads); got hidden_size={spec.hidden_size}, num_heads={spec.num_heads}"
         )
-    target = tiny_model_dir(spec, cache_dir)
+    return build_once(tiny_model_dir(spec, cache_dir), lambda out: _write_model(spec, out))
+
+
+def build_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """``target``, written by ``write`` into a temporary sibling renamed into place unless
+    a complete build (its ``COMPLETE_MARKER`` written last) is already there."""
     if (target / COMPLETE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        _write_model(spec, staging)
+        write(staging)
         try:
             staging.rename(target)
         except OSError:

@@ -69,12 +69,12 @@ def test_gpu_arms_serve_dummy_weights_on_one_gpu(cache: Path) -> None:
     assert {a.gpus for a in arms.values()} == {1}
     spec = arm_server_spec(arms["moe-ngram"])
     argv = list(spec.argv)
-    assert argv[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve",
+    assert argv[:6] == ["python3", "-P", "-m", "vllm.entrypoints.cli.main", "serve",
                         str(ensure_dummy_model(PRESETS["dsv3-mini"]))]
     assert argv[argv.index("--load-format") + 1] == "dummy"
     assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"
     assert spec.served_model == "agentload-dsv3-mini"
-    config = json.loads((Path(argv[4]) / "config.json").read_text())
+    config = json.loads((Path(argv[5]) / "config.json").read_text())
     assert spec.vocab_size == config["vocab_size"]  # prompts stay inside the tokenizer
     eager = list(arm_server_spec(arms["moe-eager"]).argv)
     assert "--enforce-eager" in eager and "--enforce-eager" not in argv

@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import polars as pl
-import pytest
 
 from agentload.profiler import attribute, load_profile, summarize
 from agentload.profiler.summary import short_kernel_name
