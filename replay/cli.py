@@ -40,6 +40,7 @@ from agentload.replay.server import (
     embedded_server_spec,
     nsys_wrap,
 )
+from agentload.replay.slo import parse_slo
 from agentload.replay.tiny_model import ensure_tiny_model
 from agentload.traces import demo_trace_path
 
@@ -173,6 +174,10 @@ ArmRef = Annotated[str | None, typer.Option(
 NsysOut = Annotated[Path | None, typer.Option(
     "--nsys", help="Run the started server under `nsys profile`, writing this "
     ".nsys-rep (with --profile-window: only that window is captured).")]
+SloOpt = Annotated[str | None, typer.Option(
+    "--slo", help="Service-level objectives, e.g. ttft=2s,itl=50ms,e2e_norm=40ms (also "
+    "e2el): goodput (requests and tokens/s meeting every bound) and the share of users and "
+    "sessions whose P90 met each, in summary.json, the console and the reports.")]
 ProfileWindow = Annotated[str | None, typer.Option(
     "--profile-window", help="START:END seconds into the replay: POST /start_profile "
     "and /stop_profile to the server around that window.")]
@@ -220,6 +225,7 @@ def replay(
     warmup_turns: WarmupTurns = 1,
     nsys: NsysOut = None,
     profile_window: ProfileWindow = None,
+    slo: SloOpt = None,
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -244,6 +250,7 @@ def replay(
         trace, output, target_url=target, embedded=embedded,
         arm=load_arm(arm) if arm is not None else None, nsys_output=nsys,
         profile_window=parse_window(profile_window) if profile_window else None,
+        slo=parse_slo(slo) if slo else None,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
                          warmup_turns, api, outputs),
@@ -263,6 +270,7 @@ def report(
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="With several runs: where the comparison goes (default: "
         "comparison/ beside the first run).")] = None,
+    slo: SloOpt = None,
 ) -> None:
     """Rebuild a run's tables, summary.json and reports from its journal, or compare runs.
 
@@ -277,13 +285,17 @@ def report(
 
       agentload report runs/ab/prefix-cache runs/ab/no-prefix-cache -o runs/ab
     """
+    objectives = parse_slo(slo) if slo else None
     if len(run_dirs) == 1:
-        result = write_results(run_dirs[0])
+        result = write_results(run_dirs[0], slo=objectives)
         typer.echo(f"rebuilt {result.run_dir}")
         for line in summary_lines(result.summary):
             typer.echo(line)
         typer.echo(f"report: {result.report_html}")
         return
+    if objectives:  # every run judged by the same objectives before they are compared
+        for run_dir in run_dirs:
+            write_results(run_dir, report=False, slo=objectives)
     out = output or run_dirs[0].parent / "comparison"
     _, md, page = write_comparison(out, run_dirs)
     typer.echo(f"comparison of {len(run_dirs)} runs written to {out}")
@@ -331,6 +343,7 @@ def compare(
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
     profile_window: ProfileWindow = None,
+    slo: SloOpt = None,
 ) -> None:
     """Replay the same workload against each arm in turn and compare them.
 
@@ -362,6 +375,7 @@ def compare(
         report=not no_report, progress=_progress_mode(headless, dashboard=False),
         trace_format=trace_format,
         profile_window=parse_window(profile_window) if profile_window else None,
+        slo=parse_slo(slo) if slo else None,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
                        pause_cap_s=pause_cap),
     )

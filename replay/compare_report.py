@@ -31,6 +31,7 @@ from agentload.replay.report import (
     HEADLINE,
     HIGHER_IS_BETTER,
     LOWER_IS_BETTER,
+    SLO_ROWS,
     fmt,
     fmt_ci,
     html_table,
@@ -101,7 +102,9 @@ def comparison_rows(runs: Sequence[LoadedRun]) -> list[dict[str, Any]]:
     """One row per headline metric: each run's value and interval, ratios to the first."""
     base = runs[0]
     rows = []
-    for key, label, unit in HEADLINE:
+    slo_rows = [row for row in SLO_ROWS
+                if any(run.summary.get(row[0]) is not None for run in runs)]
+    for key, label, unit in (*HEADLINE, *slo_rows):
         row: dict[str, Any] = {"metric": key, "label": label, "unit": unit, "runs": []}
         for run in runs:
             ratio, verdict = _verdict(key, base, run) if run is not base else (None, "")

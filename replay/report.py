@@ -19,6 +19,7 @@ import polars as pl
 
 from agentload.replay import report_figures as figs
 from agentload.replay.metrics import DEFINITIONS, per_session, per_user
+from agentload.replay.slo import slo_line
 
 # (summary key, label, unit) of the headline table, in the order the seed asks about.
 HEADLINE = (
@@ -39,8 +40,17 @@ HEADLINE = (
     ("usage_cached_tokens_rate", "Cached prompt tokens (usage)", "%"),
     ("osl_exact_fraction", "Requests with exact OSL", "%"),
 )
+# Shown in comparisons when a run was judged against an SLO (--slo).
+SLO_ROWS = (
+    ("goodput_req_s", "Goodput (requests meeting the SLO)", "req/s"),
+    ("goodput_tok_s", "Goodput (their output tokens)", "tok/s"),
+    ("slo_users_meeting_share", "Users whose P90 met the SLO", "%"),
+    ("slo_sessions_meeting_share", "Sessions whose P90 met the SLO", "%"),
+)
 # Which way is better, for the comparison's verdict column.
-HIGHER_IS_BETTER = {"p90_interactivity_tok_s", "e2e_norm_p90_interactivity_tok_s",
+HIGHER_IS_BETTER = {"goodput_req_s", "goodput_tok_s", "slo_users_meeting_share",
+                    "slo_sessions_meeting_share", "p90_interactivity_tok_s",
+                    "e2e_norm_p90_interactivity_tok_s",
                     "decode_throughput_tok_s", "output_throughput_tok_s",
                     "throughput_per_gpu_tok_s", "server_prefix_cache_hit_rate",
                     "usage_cached_tokens_rate"}
@@ -168,6 +178,9 @@ def run_facts(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
         length = spec.get("mean_acceptance_length")
         facts.append(f"speculative decoding: {spec['acceptance_rate']:.1%} of drafted tokens "
                      f"accepted" + (f", mean acceptance length {length:.2f}" if length else ""))
+    slo = slo_line(summary.get("slo"))
+    if slo:
+        facts.append(slo)
     return facts
 
 

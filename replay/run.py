@@ -65,6 +65,7 @@ from agentload.replay.metrics import (
     summarize,
     throughput_ci,
     validity,
+    with_request_metrics,
 )
 from agentload.replay.profile_window import ProfileWindowLog, run_profile_window
 from agentload.replay.prompts import (
@@ -83,6 +84,7 @@ from agentload.replay.server import (
     nsys_wrap,
     serving,
 )
+from agentload.replay.slo import slo_line, slo_summary
 from agentload.traces import Trace
 from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
 from agentload.traces.headers import PROBE_HEADER
@@ -404,6 +406,7 @@ def run_replay(
     arm: Arm | None = None,
     nsys_output: Path | None = None,
     profile_window: tuple[float, float] | None = None,
+    slo: dict[str, float] | None = None,
 ) -> RunResult:
     """Replay ``trace`` against ``target_url``, a fresh embedded server, or ``arm``'s server.
 
@@ -440,6 +443,7 @@ def run_replay(
                   "sessions": len(trace_obj.sessions),
                   "requests": trace_obj.num_requests, "block_size": trace_obj.block_size},
         "options": asdict(options),
+        "slo_s": slo,
         "arm": arm.describe() if arm is not None else None,
         "nsys_output": str(nsys_output) if nsys_output is not None else None,
         "prompt_mode": "token-ids",
@@ -520,11 +524,13 @@ def run_replay(
     return result
 
 
-def write_results(run_dir: Path, report: bool = True) -> RunResult:
+def write_results(run_dir: Path, report: bool = True,
+                  slo: dict[str, float] | None = None) -> RunResult:
     """Finalize a run directory: ``requests.parquet``, ``summary.json`` and the reports.
 
     Works on any run directory with a journal, including one whose replay was killed
     (``agentload report RUN_DIR``): what completed is kept, the rest is counted as unsent.
+    ``slo`` (else the run's own ``--slo``) adds goodput and who met it (``slo.py``).
     """
     run_dir = Path(run_dir)
     if not (run_dir / JOURNAL_NAME).is_file():
@@ -553,6 +559,16 @@ def write_results(run_dir: Path, report: bool = True) -> RunResult:
     summary["client"] = run.get("client_diagnostics") or {
         "available": False, "reason": "not recorded (interrupted, or an older run)"}
     summary["validity"] = validity(summary)
+    slo = slo if slo is not None else run.get("slo_s")
+    summary["slo"] = (slo_summary(with_request_metrics(frame.filter(pl.col("phase")
+                                                                      == "measure")),
+                                  slo, summary.get("window_s")) if slo else None)
+    if summary["slo"]:  # flat too, so comparisons put them side by side
+        summary |= {"goodput_req_s": summary["slo"]["goodput_req_s"],
+                    "goodput_tok_s": summary["slo"]["goodput_tok_s"],
+                    "slo_users_meeting_share": summary["slo"]["users"].get("share_meeting_all"),
+                    "slo_sessions_meeting_share":
+                        summary["slo"]["sessions"].get("share_meeting_all")}
     users = per_user(frame)
     per_session(frame).write_parquet(run_dir / "per_session.parquet")
     users.write_parquet(run_dir / "per_user.parquet")
@@ -588,6 +604,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                  f"({summary.get('requests_failed')} failed)")
     lines += [f"  {label:<{width}}  {fmt(summary.get(key), unit)}"
               for key, label, unit in HEADLINE]
+    slo_text = slo_line(summary.get("slo"))
+    if slo_text:
+        lines.append("  " + slo_text)
     spec = summary.get("speculative_decoding")
     if spec:
         length = spec.get("mean_acceptance_length")
