@@ -145,8 +145,8 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
                     graph_step=np.zeros(n, bool))
     inferred = False
     if do_infer:
-        names = dict(att.profile.strings.select("id", "value").iter_rows())
-        cols, inote = _infer_layers(cols, names)
+        string_of = dict(att.profile.strings.select("id", "value").iter_rows())
+        cols, inote = _infer_layers(cols, string_of)
         inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)

@@ -92,8 +92,8 @@ def slo_summary(measured: pl.DataFrame, slo: dict[str, float],
         "objectives_s": dict(slo),
         "described": describe(slo),
         "requests_meeting_share": met.height / n if n else None,
-        **{f"requests_meeting_{name}_share": (float(frame[f"met_{name}"].mean() or 0.0)
-                                              if n else None) for name in slo},
+        **{f"requests_meeting_{name}_share": (frame[f"met_{name}"].sum() / n if n else None)
+           for name in slo},
         "goodput_req_s": met.height / window_s if window_s else None,
         "goodput_tok_s": (float(met["osl"].fill_null(0).sum()) / window_s
                           if window_s else None),
