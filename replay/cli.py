@@ -62,11 +62,13 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
              stall_timeout: float = 120.0,
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
              warmup_turns: int = 1, api: str = "completions",
-             outputs: str = "canned") -> ReplayOptions:
+             outputs: str = "canned", session_order: str = "pinned") -> ReplayOptions:
     if outputs not in ("canned", "actual"):
         raise ReplayError(f"--outputs must be canned or actual, got {outputs!r}")
     if api not in ("completions", "chat"):
         raise ReplayError(f"--api must be completions or chat, got {api!r}")
+    if session_order not in ("pinned", "pool"):
+        raise ReplayError(f"--session-order must be pinned or pool, got {session_order!r}")
     if recycle and open_loop:
         raise ReplayError("--recycle and --open-loop do not mix (open loop plays every "
                           "session once, at its arrival)")
@@ -81,6 +83,7 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         start_range=_start_range(start_range), warmup_turns=warmup_turns,
         api="chat" if api == "chat" else "completions",
         output_mode="actual" if outputs == "actual" else "canned",
+        session_order="pool" if session_order == "pool" else "pinned",
     )
 
 
@@ -174,6 +177,9 @@ ArmRef = Annotated[str | None, typer.Option(
 NsysOut = Annotated[Path | None, typer.Option(
     "--nsys", help="Run the started server under `nsys profile`, writing this "
     ".nsys-rep (with --profile-window: only that window is captured).")]
+SessionOrder = Annotated[str, typer.Option(
+    "--session-order", help="pinned: lane i plays sessions i, i+N, ... pool: every lane "
+    "takes the next session from one seeded shuffle (AIPerf's rule), whichever is free.")]
 SloOpt = Annotated[str | None, typer.Option(
     "--slo", help="Service-level objectives, e.g. ttft=2s,itl=50ms,e2e_norm=40ms (also "
     "e2el): goodput (requests and tokens/s meeting every bound) and the share of users and "
@@ -223,6 +229,7 @@ def replay(
     outputs: Outputs = "canned",
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
+    session_order: SessionOrder = "pinned",
     nsys: NsysOut = None,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
@@ -253,7 +260,7 @@ def replay(
         slo=parse_slo(slo) if slo else None,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                         warmup_turns, api, outputs),
+                         warmup_turns, api, outputs, session_order),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
@@ -342,6 +349,7 @@ def compare(
     outputs: Outputs = "canned",
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
+    session_order: SessionOrder = "pinned",
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
 ) -> None:
@@ -368,7 +376,7 @@ def compare(
     # One options object for every arm: one cache salt, so the prompts are identical.
     options = _options(users, duration, max_requests, time_scale, cache_salt,
                        request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                       warmup_turns, api, outputs)
+                       warmup_turns, api, outputs, session_order)
     result = compare_arms(
         chosen, trace or demo_trace_path(), output,
         allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,

@@ -84,6 +84,9 @@ class ReplayOptions:
     start_range: tuple[float, float] = (0.25, 0.75)
     warmup_turns: int = 1
     salt_tokens: int = 16
+    # "pinned": lane i plays sessions i, i + N, ...; "pool": every lane takes the next
+    # session from one seeded shuffle of them all (AIPerf's rule), whichever lane is free.
+    session_order: Literal["pinned", "pool"] = "pinned"
     # "stamped": agentload's transport with kernel receive stamps (http:// targets);
     # "aiohttp": httpx-aiohttp (also used for https:// targets).
     transport: Literal["stamped", "aiohttp"] = "stamped"
@@ -205,6 +208,9 @@ class ReplayEngine:
         if self.options.open_loop:
             # Every session is its own user, started at its first request's arrival.
             lanes: list[Iterator[Session]] = [iter([s]) for s in sessions]
+        elif self.options.session_order == "pool":
+            pool = self._pool(sessions)
+            lanes = [pool] * self.options.users  # one iterator: a free lane takes the next
         elif self.options.recycle:
             lanes = [self._recycled(i, sessions) for i in range(self.options.users)]
         else:
@@ -221,6 +227,17 @@ class ReplayEngine:
                                 stop_reason, self.now_ns() / 1e9)
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
         return outcome
+
+    def _pool(self, sessions: list[Session]) -> Iterator[Session]:
+        """One seeded shuffle of the sessions, drawn from by every lane: once each, or
+        (with recycling) a fresh shuffle each time the pool runs dry."""
+        rng = random.Random(f"pool-{self.options.seed}")
+        while True:
+            order = list(sessions)
+            rng.shuffle(order)
+            yield from order
+            if not self.options.recycle:
+                return
 
     def _recycled(self, lane: int, sessions: list[Session]) -> Iterator[Session]:
         """Lane ``lane``'s sessions for ever: lane, lane + N, ... wrapping round the trace."""

@@ -58,6 +58,7 @@ def _run(tmp_path: Path, trace: Trace, **options: object) -> tuple[float, object
         await web.TCPSite(runner, "127.0.0.1", port).start()
         opts = ReplayOptions(**options)  # type: ignore[arg-type]
         try:
+            tmp_path.mkdir(parents=True, exist_ok=True)
             with Journal(tmp_path / "j.jsonl") as journal:
                 engine = ReplayEngine(trace, Target(f"http://127.0.0.1:{port}", "m"), opts,
                                       journal, build_http_client(opts))
