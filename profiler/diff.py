@@ -1,7 +1,8 @@
 """Two arms side by side, per layer type: "layers.*: 13 k / 69 µs vs 23 k / 130 µs".
 
 Types are matched by name after one canonical step: any decoder-layer type
-(``model.layers.*``, ``inferred.layers.*``) is the same row, so a vLLM layerwise trace
+(``model.layers.*``, ``inferred.layers.*``, ``nn.Module: <Class>DecoderLayer_*``) is the
+same row, so a vLLM layerwise trace
 can be set against an inferred split of a specialized path. Kernel sequences (the most
 common sequence of one instance, short names) are aligned with ``difflib``'s matcher.
 """
@@ -9,11 +10,13 @@ common sequence of one instance, short names) are aligned with ``difflib``'s mat
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 import polars as pl
 
 from agentload.profiler.summary import Summary
+from agentload.profiler.vllm import DECODER_CLASS_RE
 
 LAYER_KEY = "layers.*"
 
@@ -27,8 +30,16 @@ class Alignment:
     b: tuple[str, ...]
 
 
+_TORCH_LAYER = re.compile(r"^nn\.Module: [A-Za-z_]\w*?" + DECODER_CLASS_RE[:-1] + r"_\*$")
+
+
 def canonical_type(t: str) -> str:
-    return LAYER_KEY if t == LAYER_KEY or t.endswith("." + LAYER_KEY) else t
+    """Decoder-layer types of every source are one row: ``model.layers.*`` (vLLM's layerwise
+    NVTX), ``inferred.layers.*`` (a graph replay) and ``nn.Module: LlamaDecoderLayer_*``
+    (the PyTorch profiler's module ranges in eager mode)."""
+    if t == LAYER_KEY or t.endswith("." + LAYER_KEY) or _TORCH_LAYER.match(t):
+        return LAYER_KEY
+    return t
 
 
 def _per_type(s: Summary) -> pl.DataFrame:

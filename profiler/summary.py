@@ -60,10 +60,29 @@ class Summary:
     """The recorder's own loss reports (:attr:`Profile.warnings`)."""
 
 
+def _skip_enable_if(text: str) -> str:
+    """Drop a ``std::enable_if<...>::type`` return type (vLLM's fused add + RMSNorm kernel
+    has one; its condition holds ``>`` inside parentheses, so brackets are counted outside
+    them only)."""
+    prefix = "std::enable_if<"
+    if not text.startswith(prefix):
+        return text
+    angle, paren = 1, 0
+    for i in range(len(prefix), len(text)):
+        ch = text[i]
+        paren += (ch == "(") - (ch == ")")
+        if paren == 0:
+            angle += (ch == "<") - (ch == ">")
+        if angle == 0:
+            rest = text[i + 1:]
+            return rest[len("::type"):].lstrip() if rest.startswith("::type") else text
+    return text
+
+
 def short_kernel_name(name: str) -> str:
     """``void ns::gemm<float, 128>(Params)`` -> ``ns::gemm``: what people call a kernel."""
     # "(anonymous namespace)::" is a scope, not the argument list that ends a name.
-    text = name.strip().replace("(anonymous namespace)::", "")
+    text = _skip_enable_if(name.strip().replace("(anonymous namespace)::", ""))
     text = re.sub(r"^(void|[\w:]+\s*\*?)\s+(?=[\w:~]+[<(])", "", text)
     depth = 0
     for i, ch in enumerate(text):

@@ -129,3 +129,19 @@ def test_the_dashboard_shows_acceptance_from_the_real_scrapes() -> None:
     board.server_sample(2_000_000_000, end)
     shown = spec_text(board.publish(2_000_000_000).server)
     assert shown == "spec. acceptance 100.0%, mean length 3.87"
+
+
+def test_diff_sets_eager_module_layers_against_inferred_graph_layers() -> None:
+    from agentload.profiler.diff import diff_table, render_diff
+
+    eager = summarize(attribute(load_profile(EAGER)), level="layer")
+    graphs = summarize(attribute(load_profile(GRAPHS)), level="layer")
+    row = diff_table(eager, graphs).filter(pl.col("key") == "layers.*").row(0, named=True)
+    # Eager: 12 layers per step (the dense one has 17 kernels, the MoE ones 25); graphs:
+    # the 11 inferred MoE layers of 24 (the dense layer is in the prelude).
+    assert row["a_kernels"] == pytest.approx((17 + 11 * 25) / 12)
+    assert row["b_kernels"] == 24
+    text = render_diff(eager, graphs, ("eager", "graphs"))
+    # torch.compile fused eager's separate norm kernels into Triton ones.
+    assert "- vllm::fused_add_rms_norm_kernel" in text and "std::enable_if" not in text
+    assert "= vllm::concat_and_cache_mla_kernel" in text and "= fused_moe_kernel" in text
