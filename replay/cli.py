@@ -23,6 +23,7 @@ from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
 from agentload.replay.fit import FitOptions
 from agentload.replay.live import dashboard_factory
+from agentload.replay.presets import headline_line, preset
 from agentload.replay.profile_window import parse_window
 from agentload.replay.run import (
     ProgressMode,
@@ -62,7 +63,8 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
              stall_timeout: float = 120.0,
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
              warmup_turns: int = 1, api: str = "completions",
-             outputs: str = "canned", session_order: str = "pinned") -> ReplayOptions:
+             outputs: str = "canned", session_order: str = "pinned",
+             preset_name: str | None = None) -> ReplayOptions:
     if outputs not in ("canned", "actual"):
         raise ReplayError(f"--outputs must be canned or actual, got {outputs!r}")
     if api not in ("completions", "chat"):
@@ -84,7 +86,22 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         api="chat" if api == "chat" else "completions",
         output_mode="actual" if outputs == "actual" else "canned",
         session_order="pool" if session_order == "pool" else "pinned",
+        preset=preset_name,
     )
+
+
+def with_preset(name: str | None, recycle: bool, duration: float | None,
+                 pause_cap: float | None, session_order: str
+                 ) -> tuple[bool, float | None, float | None, str]:
+    """A preset's settings where the user left the default (explicit flags win)."""
+    if not name:
+        return recycle, duration, pause_cap, session_order
+    chosen = preset(name)
+    say_stderr(f"preset {chosen.name}: {chosen.source}")
+    return (chosen.recycle or recycle,
+            duration if duration is not None else chosen.duration_s,
+            pause_cap if pause_cap is not None else chosen.pause_cap_s,
+            chosen.session_order if session_order == "pinned" else session_order)
 
 
 def _start_range(text: str) -> tuple[float, float]:
@@ -111,10 +128,12 @@ def _progress_mode(headless: bool | None, dashboard: bool = True) -> ProgressMod
     return "live"
 
 
-def _print_result(result: RunResult) -> None:
+def _print_result(result: RunResult, preset_name: str | None = None) -> None:
     """Print where the run went and its headline numbers; exit 130 if it was interrupted."""
     head = "interrupted run" if result.interrupted else "run"
     typer.echo(f"{head} written to {result.run_dir}")
+    if preset_name:
+        typer.echo(headline_line(result.summary, preset(preset_name)))
     for line in summary_lines(result.summary):
         typer.echo(line)
     if result.report_html is not None:
@@ -177,6 +196,11 @@ ArmRef = Annotated[str | None, typer.Option(
 NsysOut = Annotated[Path | None, typer.Option(
     "--nsys", help="Run the started server under `nsys profile`, writing this "
     ".nsys-rep (with --profile-window: only that window is captured).")]
+PresetOpt = Annotated[str | None, typer.Option(
+    "--preset", help="agentx: SemiAnalysis AgentX v1.0's methodology where a flag is left "
+    "at its default: --recycle, --start-range 0.25:0.75, one warm-up turn per user "
+    "(unmeasured), --pause-cap 300, --duration 3600, --session-order pool, and "
+    "E2E-normalized P90 interactivity printed as the headline.")]
 SessionOrder = Annotated[str, typer.Option(
     "--session-order", help="pinned: lane i plays sessions i, i+N, ... pool: every lane "
     "takes the next session from one seeded shuffle (AIPerf's rule), whichever is free.")]
@@ -230,6 +254,7 @@ def replay(
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
     session_order: SessionOrder = "pinned",
+    preset_name: PresetOpt = None,
     nsys: NsysOut = None,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
@@ -253,6 +278,8 @@ def replay(
 
       agentload replay mooncake.jsonl --target http://gpu-node:8000 --open-loop -o runs/mc
     """
+    recycle, duration, pause_cap, session_order = with_preset(
+        preset_name, recycle, duration, pause_cap, session_order)
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         arm=load_arm(arm) if arm is not None else None, nsys_output=nsys,
@@ -260,13 +287,13 @@ def replay(
         slo=parse_slo(slo) if slo else None,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                         warmup_turns, api, outputs, session_order),
+                         warmup_turns, api, outputs, session_order, preset_name),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
                        pause_cap_s=pause_cap),
     )
-    _print_result(result)
+    _print_result(result, preset_name)
 
 
 @app.command()
@@ -350,6 +377,7 @@ def compare(
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
     session_order: SessionOrder = "pinned",
+    preset_name: PresetOpt = None,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
 ) -> None:
@@ -373,10 +401,12 @@ def compare(
         for line in dry_run_lines(chosen):
             typer.echo(line)
         return
+    recycle, duration, pause_cap, session_order = with_preset(
+        preset_name, recycle, duration, pause_cap, session_order)
     # One options object for every arm: one cache salt, so the prompts are identical.
     options = _options(users, duration, max_requests, time_scale, cache_salt,
                        request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                       warmup_turns, api, outputs, session_order)
+                       warmup_turns, api, outputs, session_order, preset_name)
     result = compare_arms(
         chosen, trace or demo_trace_path(), output,
         allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,

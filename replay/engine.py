@@ -87,6 +87,7 @@ class ReplayOptions:
     # "pinned": lane i plays sessions i, i + N, ...; "pool": every lane takes the next
     # session from one seeded shuffle of them all (AIPerf's rule), whichever lane is free.
     session_order: Literal["pinned", "pool"] = "pinned"
+    preset: str | None = None  # the methodology that set these (``--preset``), if any
     # "stamped": agentload's transport with kernel receive stamps (http:// targets);
     # "aiohttp": httpx-aiohttp (also used for https:// targets).
     transport: Literal["stamped", "aiohttp"] = "stamped"
