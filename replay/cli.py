@@ -320,6 +320,9 @@ def report(
       agentload report runs/ab/prefix-cache runs/ab/no-prefix-cache -o runs/ab
     """
     objectives = parse_slo(slo) if slo else None
+    if len(run_dirs) == 1 and output is not None:
+        raise ReplayError(f"-o is where a comparison of several runs goes; one run is rebuilt "
+                          f"in place, in {run_dirs[0]} (copy it first to keep the original)")
     if len(run_dirs) == 1:
         result = write_results(run_dirs[0], slo=objectives)
         typer.echo(f"rebuilt {result.run_dir}")

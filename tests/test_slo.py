@@ -76,3 +76,12 @@ def test_report_judges_a_real_run_against_an_slo(tmp_path: Path) -> None:
     assert 0 < summary["goodput_req_s"] < summary["requests_completed"]
     bad = run_cli("report", str(run), "--slo", "ttft=fast")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+
+
+def test_report_of_one_run_refuses_an_output_folder(tmp_path: Path) -> None:
+    # One run is rebuilt in place; an -o that was silently ignored rewrote the run instead.
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "gpu" / "run_moe_ngram_eager", run)
+    done = run_cli("report", str(run), "-o", str(tmp_path / "elsewhere"))
+    assert done.returncode == 2 and "rebuilt in place" in done.stderr
+    assert not (run / "report.html").exists() and not (tmp_path / "elsewhere").exists()
