@@ -136,7 +136,7 @@ def prune_fatbin(data: bytearray, keep_arch: int) -> tuple[int, int]:
     return zeroed, kept
 
 
-def _pip(args: list[str], say: Callable[[str], None]) -> None:
+def _pip(args: list[str]) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
@@ -157,7 +157,7 @@ def download(wheelhouse: Path, pins: Iterable[str], say: Callable[[str], None]) 
     pins = list(pins)
     say(f"downloading {len(pins)} pinned wheels into {wheelhouse} (cached ones are kept)")
     _pip(["download", "--no-deps", "--disable-pip-version-check", "--quiet", *_platform_args(),
-          "-d", str(wheelhouse), *pins], say)
+          "-d", str(wheelhouse), *pins])
 
 
 def _wheel_for(wheelhouse: Path, pin: str) -> Path:
@@ -184,7 +184,7 @@ def build_agentload_wheel(out: Path, say: Callable[[str], None]) -> Path:
         old.unlink()
     say("building agentload's wheel from the checkout")
     _pip(["wheel", "--no-deps", "--disable-pip-version-check", "--quiet", "-w", str(out),
-          str(source_root())], say)
+          str(source_root())])
     wheels = list(out.glob("agentload-*.whl"))
     if len(wheels) != 1:
         raise BundleError(f"expected one agentload wheel in {out}, found {len(wheels)}")
@@ -233,7 +233,7 @@ def pack_site(wheelhouse: Path, reqs: Requirements, agentload_wheel: Path, out: 
         say(f"installing {len(wheels) + 1} wheels for CPython {PYTHON_VERSION} into the site")
         _pip(["install", "--no-deps", "--no-index", "--no-compile", "--quiet",
               "--disable-pip-version-check", *_platform_args(), "--target",
-              str(root / "site"), *map(str, wheels), str(agentload_wheel)], say)
+              str(root / "site"), *map(str, wheels), str(agentload_wheel)])
         site = root / "site"
         # Data vLLM never reads for a text model: mistral_common's bundled tokenizer files
         # and pycountry's translations (about 30 MB before compression).
