@@ -191,12 +191,25 @@ def build_agentload_wheel(out: Path, say: Callable[[str], None]) -> Path:
     return wheels[0]
 
 
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """No time stamps or owners: the same inputs give a byte-identical archive."""
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    return info
+
+
 def _xz_tar(source: Path, target: Path, members: Iterable[str]) -> None:
-    """``tar -cJ`` of ``members`` under ``source``, files in sorted order for stable output."""
+    """``tar -cJ`` of ``members`` under ``source``: paths sorted, stamps and owners zeroed,
+    ``__pycache__`` left out, so a rebuild from the same wheels is byte-identical."""
+    paths: list[Path] = []
+    for member in sorted(members):
+        top = source / member
+        paths.append(top)
+        if top.is_dir():
+            paths += sorted(p for p in top.rglob("*") if "__pycache__" not in p.parts)
     with tarfile.open(target, "w:xz", preset=6) as tar:
-        for member in sorted(members):
-            tar.add(source / member, arcname=member,
-                    filter=lambda info: None if "__pycache__" in info.name else info)
+        for path in paths:
+            tar.add(path, arcname=str(path.relative_to(source)), recursive=False,
+                    filter=_normalized)
 
 
 def pack_vllm(wheel: Path, out: Path, arch: int, say: Callable[[str], None]) -> dict[str, Any]:

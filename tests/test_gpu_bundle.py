@@ -221,3 +221,24 @@ def test_console_summary_leads_with_the_verdict_and_shows_acceptance() -> None:
                                  "drafted", "tokens,", "mean", "acceptance", "length", "1.75"]
     assert not any("INVALID" in ln for ln in summary_lines(
         {"requests_completed": 1, "requests_failed": 0, "validity": {"verdict": "valid"}}))
+
+
+def test_archives_are_byte_identical_from_the_same_inputs(tmp_path: Path) -> None:
+    import time
+
+    from agentload.replay.gpu_bundle import _xz_tar
+
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "pkg" / "__pycache__").mkdir()
+    for rel in ("pkg/b.py", "pkg/a.py", "pkg/sub/c.so", "pkg/__pycache__/a.pyc"):
+        (src / rel).write_text(rel)
+    _xz_tar(src, tmp_path / "one.tar.xz", ["pkg"])
+    time.sleep(1.1)
+    for rel in ("pkg/b.py", "pkg/a.py"):
+        (src / rel).touch()  # a later build: new time stamps, same content
+    _xz_tar(src, tmp_path / "two.tar.xz", ["pkg"])
+    assert (tmp_path / "one.tar.xz").read_bytes() == (tmp_path / "two.tar.xz").read_bytes()
+    with tarfile.open(tmp_path / "one.tar.xz") as tar:
+        names = tar.getnames()
+    assert names == ["pkg", "pkg/a.py", "pkg/b.py", "pkg/sub", "pkg/sub/c.so"]
