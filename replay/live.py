@@ -43,6 +43,7 @@ import orjson
 
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord
 from agentload.replay.metrics import validity
+from agentload.replay.prometheus import SPEC_COUNTERS, spec_acceptance
 
 CLIENT_KEYS = ("kernel_stamps", "stamp_error_p99_s", "events_per_read",
                "multi_event_read_share", "loop_lag_p99_s", "cpu_cores")
@@ -549,7 +550,7 @@ class LiveBoard:
                                                  for k, _, _ in SERIES}
         self._server: ServerGauges | None = None
         # The speculative counters at the first scrape: acceptance is over the run.
-        self._spec_first: tuple[float | None, ...] | None = None
+        self._spec_first: dict[str, float] | None = None
         self._server_ok: bool | None = None
         self._server_prev: dict[str, float] | None = None
         self._server_hist: deque[tuple[int, float, float]] = deque(maxlen=WINDOW_BINS + 1)
@@ -713,21 +714,17 @@ class LiveBoard:
             if queries - q0 > 0:
                 rate = (hits - h0) / (queries - q0)
         kv = values.get("vllm:kv_cache_usage_perc")
-        spec = tuple(values.get(f"vllm:spec_decode_num_{k}_total")
-                     for k in ("accepted_tokens", "draft_tokens", "drafts"))
-        if self._spec_first is None and None not in spec:
-            self._spec_first = spec
-        acceptance = length = None
-        if self._spec_first is not None and None not in spec:
-            accepted, drafted, drafts = (float(a or 0.0) - float(b or 0.0)
-                                         for a, b in zip(spec, self._spec_first, strict=True))
-            if drafted > 0:
-                acceptance = accepted / drafted
-                length = 1 + accepted / drafts if drafts > 0 else None
+        if self._spec_first is None and all(n in values for n in SPEC_COUNTERS):
+            self._spec_first = {n: values[n] for n in SPEC_COUNTERS}
+        spec = None
+        if self._spec_first is not None and all(n in values for n in SPEC_COUNTERS):
+            spec = spec_acceptance({n: values[n] - self._spec_first[n] for n in SPEC_COUNTERS})
         self._server = ServerGauges(
             t_ns / 1e9, True, running=values.get("vllm:num_requests_running"),
             waiting=values.get("vllm:num_requests_waiting"), kv_usage=kv,
-            prefix_hit_rate=rate, spec_acceptance=acceptance, spec_mean_length=length)
+            prefix_hit_rate=rate,
+            spec_acceptance=spec["acceptance_rate"] if spec else None,
+            spec_mean_length=spec.get("mean_acceptance_length") if spec else None)
 
     @property
     def client(self) -> ClientHealth | None:

@@ -83,6 +83,25 @@ def prefix_cache_hit_rate(before: MetricsScrape, after: MetricsScrape) -> float 
     return hits / queries if queries > 0 else None
 
 
+SPEC_COUNTERS = ("vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_drafts_total")
+
+
+def spec_acceptance(delta: dict[str, float | None]) -> dict[str, float] | None:
+    """Speculative decoding from counter deltas: acceptance rate (accepted / drafted
+    tokens) and mean acceptance length (1 + accepted / drafts); None if nothing drafted."""
+    accepted, drafted, drafts = (delta.get(name) for name in SPEC_COUNTERS)
+    if not drafted or accepted is None:
+        return None
+    out = {"acceptance_rate": accepted / drafted, "draft_tokens": drafted,
+           "accepted_tokens": accepted}
+    if drafts:
+        out["drafts"] = drafts
+        out["mean_acceptance_length"] = 1 + accepted / drafts
+    return out
+
+
 def counter_delta(before: MetricsScrape, after: MetricsScrape, name: str) -> float | None:
     if not (before.ok and after.ok) or name not in after.values:
         return None

@@ -19,6 +19,7 @@ import polars as pl
 
 from agentload.replay import report_figures as figs
 from agentload.replay.metrics import DEFINITIONS, per_session, per_user
+from agentload.replay.prometheus import spec_acceptance
 from agentload.replay.slo import slo_line
 
 # (summary key, label, unit) of the headline table, in the order the seed asks about.
@@ -108,20 +109,9 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 
 def spec_decode(run: dict[str, Any]) -> dict[str, float] | None:
-    """Speculative decoding over the run, from the server's counters: acceptance rate
-    (accepted / drafted tokens) and mean acceptance length (1 + accepted / drafts)."""
-    delta = (run.get("server") or {}).get("metrics_delta") or {}
-    drafted = delta.get("vllm:spec_decode_num_draft_tokens_total")
-    accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total")
-    drafts = delta.get("vllm:spec_decode_num_drafts_total")
-    if not drafted or accepted is None:
-        return None
-    out = {"acceptance_rate": accepted / drafted, "draft_tokens": drafted,
-           "accepted_tokens": accepted}
-    if drafts:
-        out["drafts"] = drafts
-        out["mean_acceptance_length"] = 1 + accepted / drafts
-    return out
+    """Speculative decoding over the run, from the server's counter deltas
+    (``prometheus.spec_acceptance``)."""
+    return spec_acceptance((run.get("server") or {}).get("metrics_delta") or {})
 
 
 def warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
