@@ -78,6 +78,9 @@ def test_gpu_arms_serve_dummy_weights_on_one_gpu(cache: Path) -> None:
     assert spec.vocab_size == config["vocab_size"]  # prompts stay inside the tokenizer
     eager = list(arm_server_spec(arms["moe-eager"]).argv)
     assert "--enforce-eager" in eager and "--enforce-eager" not in argv
+    full = list(arm_server_spec(arms["moe-fullgraph"]).argv)  # graphs with eager's kernels
+    assert json.loads(full[full.index("--compilation-config") + 1]) == {
+        "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     for arm in arms.values():  # every arm's profiler writes where its name says
         args = list(arm_server_spec(arm).argv)
         profiler = json.loads(args[args.index("--profiler-config") + 1])

@@ -5,7 +5,8 @@
 #
 #   STEP=unpack   (carry .gpu/vllm.tar.xz .gpu/stage.sh)   unpack vLLM
 #   STEP=compare  (carry .gpu/site.tar.xz .gpu/stage.sh)   moe-graphs vs moe-ngram, profiled
-#   STEP=eager    (nothing more to carry)                  moe-eager replay, profiled; agree
+#   STEP=served   ARM=moe-fullgraph AGREE=1                one arm served: profiled replay, bench agree
+#   STEP=served   ARM=moe-eager DIFF_WITH=moe-fullgraph    eager replay, profiled; profile diff
 #
 # Everything comes back under $OUT as a few tarballs (the device returns at most 8 files).
 set -u
@@ -55,29 +56,40 @@ if [ "$STEP" = single ]; then  # one arm, agentload starting its server
   log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
 fi
 
-if [ "$STEP" = eager ]; then
-  log "serve moe-eager"
-  al serve --arm arms/gpu-1x.toml:moe-eager --port 8011 --log "$RUNS/eager-server.log" \
-     > "$RUNS/eager-serve.txt" 2>&1 &
-  for i in $(seq 1 120); do
+serve_arm() {  # $1: arm, served by `agentload serve` on port 8011 until it answers /health
+  log "serve $1"
+  al serve --arm "arms/gpu-1x.toml:$1" --port 8011 --log "$RUNS/$1-server.log" \
+     > "$RUNS/$1-serve.txt" 2>&1 &
+  for i in $(seq 1 150); do
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health', timeout=2)" \
-      2>/dev/null && break; sleep 2
+      2>/dev/null && { log "$1 healthy"; return 0; }; sleep 2
   done
-  log "replay moe-eager (profiled)"
-  timeout "${LIMIT:-200}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 "${TRACE_ARGS[@]:2}" \
-     --duration "${DURATION:-45}" --profile-window 20:24 --headless -o "$RUNS/moe-eager" \
-     2>&1 | tee "$OUT/eager.txt"
-  log "bench agree against vllm bench serve"
-  timeout 200 python3 -P -m agentload bench agree --target http://127.0.0.1:8011 --requests 128 --runs 3 \
-     --json > "$RUNS/agree.json" 2> "$OUT/agree.txt"
-  tail -5 "$RUNS/agree.json"
-  log "profile moe-eager"; profile_tables moe-eager > "$OUT/profile-moe-eager.txt" 2>&1
-  for g in "$PROFILES"/moe-graphs/*.json.gz; do
-    for e in "$PROFILES"/moe-eager/*.json.gz; do
-      [ -f "$g" ] && [ -f "$e" ] && al profile diff "$e" "$g" >> "$OUT/profile-diff.txt" 2>&1
-    done
+  log "$1 not healthy"; tail -30 "$RUNS/$1-server.log" "$RUNS/$1-serve.txt"; return 1
+}
+stop_arm() { pkill -f "port 8011"; sleep 8; pkill -9 -f "vllm.entrypoints" 2>/dev/null; sleep 2; }
+
+if [ "$STEP" = served ]; then  # ARM served once: a profiled replay, then (AGREE=1) bench agree
+  ARM=${ARM:-moe-fullgraph}
+  if serve_arm "$ARM"; then
+    log "replay $ARM (profiled)"
+    timeout "${LIMIT:-150}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 \
+       "${TRACE_ARGS[@]:2}" --duration "${DURATION:-35}" --profile-window 20:23 --headless \
+       -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
+    if [ "${AGREE:-0}" = 1 ]; then
+      log "bench agree against vllm bench serve"
+      timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
+         --requests "${AGREE_REQUESTS:-128}" --runs 3 --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
+      python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
+         "$RUNS/agree-$ARM.json" 2>&1 | tee -a "$OUT/agree.txt"
+    fi
+    stop_arm
+  fi
+  log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
+  for other in ${DIFF_WITH:-}; do  # the same traffic's traces of another arm, eager first
+    for a in "$PROFILES/$ARM"/*.json.gz; do for b in "$PROFILES/$other"/*.json.gz; do
+      [ -f "$a" ] && [ -f "$b" ] && al profile diff "$a" "$b" >> "$OUT/profile-diff-$ARM-$other.txt" 2>&1
+    done; done
   done
-  pkill -f "port 8011" || true
 fi
 
 log "pack"
