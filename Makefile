@@ -11,7 +11,7 @@ STAMP := $(VENV)/.agentload-installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install browser demo test lint clean
+.PHONY: install browser demo test lint clean peers
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,18 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(PY) tests/typecheck.py
+
+# Peers each get a virtualenv of their own under .peers/ (AIPerf pins textual, orjson and
+# pandas against ours): `agentload bench agree --peer aiperf` finds it there.
+PEERS ?= .peers
+AIPERF_VERSION ?= 0.13.0
+$(PEERS)/aiperf/.installed:
+	@test -x $(PEERS)/aiperf/bin/python || $(PYTHON) -m venv $(PEERS)/aiperf
+	$(PEERS)/aiperf/bin/python -m pip install --quiet --disable-pip-version-check aiperf==$(AIPERF_VERSION)
+	$(PEERS)/aiperf/bin/aiperf --version
+	@touch $@
+
+peers: $(PEERS)/aiperf/.installed
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

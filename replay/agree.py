@@ -184,7 +184,7 @@ def agree_prompts(requests: int, input_len: int, output_len: int, salt: int,
 def vllm_bench_argv(url: str, model: str, tokenizer: Path, requests: int, concurrency: int,
                     output_len: int, result_dir: Path, name: str) -> list[str]:
     """The ``vllm bench serve`` command line of one agreement run."""
-    return [sys.executable, "-c", VLLM_BENCH_IDENTICAL, "--backend", "vllm",
+    return [sys.executable, "-P", "-c", VLLM_BENCH_IDENTICAL, "--backend", "vllm",
             "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random",
             "--random-output-len", str(output_len), "--ignore-eos", "--temperature", "0",

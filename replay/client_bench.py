@@ -302,7 +302,7 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
     if why is not None:
         return {"ran": False, "reason": why}
     name = f"vllm-{time.monotonic_ns()}.json"
-    argv = [sys.executable, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url,
+    argv = [sys.executable, "-P", "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url,
             "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random",
             "--random-input-len", str(input_len or cfg.prompt_tokens),
