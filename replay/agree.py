@@ -206,6 +206,7 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     why = vllm_bench_available()
     if why is not None:
         return {"ran": False, "reason": why}
+    workdir = workdir.resolve()  # vllm bench runs in it, away from the checkout's folders
     name = f"vllm-agree-{time.monotonic_ns()}.json"
     spec_path = workdir / (name + ".prompts.json")
     prompts = agree_prompts(requests, input_len, output_len, salt, token_id_range,
@@ -218,7 +219,7 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     with log.open("w") as fh:
         proc = subprocess.run(vllm_bench_argv(url, model, tokenizer, requests, concurrency,
                                               output_len, workdir, name),
-                              stdout=fh, stderr=subprocess.STDOUT, env=env,
+                              stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                               timeout=timeout_s, check=False)
     path = workdir / name
     if proc.returncode != 0 or not path.is_file():
