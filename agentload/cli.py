@@ -21,6 +21,7 @@ from agentload.profiler.bench import profiler_speed
 from agentload.profiler.cli import app as profile_app
 from agentload.replay.bench import replay_fidelity
 from agentload.replay.cli import app as replay_app
+from agentload.replay.export_cli import register as register_export
 from agentload.replay.gpu_bundle import bundle_command
 from agentload.replay.measure_cli import agree_command, client_command, emulator_command
 from agentload.traces.bench import import_speed
@@ -39,6 +40,8 @@ app = typer.Typer(
 )
 app.add_typer(replay_app)  # serve, replay, demo at the top level
 app.add_typer(traces_app, name="traces")
+# Export fits traces as replay does, so the replay room supplies it (traces cannot).
+register_export(traces_app)
 app.add_typer(profile_app, name="profile")
 app.command("record")(record_command)
 app.command("dashboard")(dashboard_command)

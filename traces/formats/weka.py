@@ -30,7 +30,10 @@ Each file is one session (its "id"); a directory imports every *.json in it. Mai
 requests form the session's main chain. A "subagent" entry becomes a chain of kind
 subagent that depends on the main request before it (its spawn) and joins the first
 later request of its parent sent after the subagent finished ("t" + "duration_ms",
-within 1 s); nested subagents nest the same way. Pauses: "think_time" for a request
+within 1 s); nested subagents nest the same way. A subagent request's "t" counts from
+the spawn when it is earlier than the spawn's "t", else from the conversation's start,
+as AIPerf reads it (older files stamp from the spawn, current captures from the
+start). Pauses: "think_time" for a request
 whose only dependency is the previous request of its chain, otherwise "t" minus the
 latest dependency's end ("t" + "api_time"). "hash_ids" are 64-token blocks (the
 file's "block_size"); hash ids are namespaced per file unless "hash_id_scope" is
@@ -43,6 +46,9 @@ block of its own that nothing shares. Kept: "in", "out", "model", recorded "t",
 # Main-chain "t" values are whole seconds in published traces, so a subagent that ended
 # up to a second after a parent request's stamp may still have been waited for.
 JOIN_TOLERANCE_S = 1.0
+# A subagent request's "t" this far before its spawn is relative to the spawn (AIPerf's
+# rule, so both read a file alike).
+RELATIVE_EPS_S = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,10 @@ class _SessionBuilder:
             t = row.seconds("t")
             if t is None:
                 raise row.fail("t", "is missing (seconds since the conversation began)")
-            t_abs = base_t + t
+            # A subagent's requests may stamp "t" from its spawn (older files) or
+            # from the conversation's start (current captures); like AIPerf, a "t"
+            # before the spawn is read as relative to it.
+            t_abs = base_t + t if t + RELATIVE_EPS_S < base_t else t
             joins = [p for p in pending if p.end <= t_abs + JOIN_TOLERANCE_S]
             pending = [p for p in pending if p not in joins]
             deps = ([prev.rid] if prev else []) + [j.rid for j in joins]
