@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +21,7 @@ from agentload.replay.compare import compare_arms, dry_run_lines, select_arms
 from agentload.replay.compare_report import write_comparison
 from agentload.replay.engine import ReplayOptions
 from agentload.replay.errors import ReplayError
-from agentload.replay.fit import FitOptions
+from agentload.replay.fit import PAUSE_RULES, FitOptions
 from agentload.replay.live import dashboard_factory
 from agentload.replay.presets import headline_line, preset
 from agentload.replay.profile_window import parse_window
@@ -64,13 +64,19 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
              recycle: bool = False, seed: int = 0, start_range: str = "0.25:0.75",
              warmup_turns: int = 1, api: str = "completions",
              outputs: str = "canned", session_order: str = "pinned",
-             preset_name: str | None = None) -> ReplayOptions:
+             preset_name: str | None = None, idle_cap: float | None = None,
+             cache_bust: str = "head", grace: float | None = None,
+             aiperf_compatible: bool = False) -> ReplayOptions:
     if outputs not in ("canned", "actual"):
         raise ReplayError(f"--outputs must be canned or actual, got {outputs!r}")
     if api not in ("completions", "chat"):
         raise ReplayError(f"--api must be completions or chat, got {api!r}")
     if session_order not in ("pinned", "pool"):
         raise ReplayError(f"--session-order must be pinned or pool, got {session_order!r}")
+    if cache_bust not in ("head", "after-shared-prefix"):
+        raise ReplayError(f"--cache-bust must be head or after-shared-prefix, got {cache_bust!r}")
+    if grace is not None and duration is None:
+        raise ReplayError("--grace is the time allowed after --duration; give --duration too")
     if recycle and open_loop:
         raise ReplayError("--recycle and --open-loop do not mix (open loop plays every "
                           "session once, at its arrival)")
@@ -86,21 +92,68 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         api="chat" if api == "chat" else "completions",
         output_mode="actual" if outputs == "actual" else "canned",
         session_order="pool" if session_order == "pool" else "pinned",
-        preset=preset_name,
+        preset=preset_name, idle_cap_s=idle_cap,
+        cache_bust="after-shared-prefix" if cache_bust == "after-shared-prefix" else "head",
+        grace_s=grace, aiperf_compatible=aiperf_compatible,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """The traffic-shaping switches ``--aiperf-compatible`` fills in."""
+
+    pauses: str
+    idle_cap: float | None
+    cache_bust: str
+    api: str
+    session_order: str
+    pause_cap: float | None
+
+
+# NVIDIA AIPerf (AgentX scenario): end-to-start gaps from the recording, a 10 s idle cap
+# that applies only while nothing is in flight, one shared session pool, the cache-bust
+# marker after the shared system/tool prefix, no per-pause cap, streaming chat requests.
+AIPERF = Traffic(pauses="end-to-start", idle_cap=10.0, cache_bust="after-shared-prefix",
+                 api="chat", session_order="pool", pause_cap=None)
+
+
+def with_aiperf(enabled: bool, pauses: str | None, idle_cap: float | None,
+                cache_bust: str | None, api: str | None, session_order: str,
+                pause_cap: float | None) -> Traffic:
+    """AIPerf's traffic rules where the user left the default (explicit flags win); the
+    applied settings are said on stderr. Without ``enabled``, the defaults."""
+    if pauses is not None and pauses not in PAUSE_RULES:
+        raise ReplayError(f"--pauses must be one of {', '.join(PAUSE_RULES)}, got {pauses!r}")
+    if not enabled:
+        return Traffic(pauses or "trace", idle_cap, cache_bust or "head",
+                       api or "completions", session_order, pause_cap)
+    chosen = Traffic(
+        pauses=pauses or AIPERF.pauses,
+        idle_cap=idle_cap if idle_cap is not None else AIPERF.idle_cap,
+        cache_bust=cache_bust or AIPERF.cache_bust, api=api or AIPERF.api,
+        session_order=AIPERF.session_order if session_order == "pinned" else session_order,
+        pause_cap=pause_cap)
+    cap = "no --pause-cap" if chosen.pause_cap is None else f"--pause-cap {chosen.pause_cap:g}"
+    api_text = ("--api chat (streaming, max_completion_tokens, ignore_eos, no temperature)"
+                if chosen.api == "chat" else f"--api {chosen.api}")
+    idle = "no --idle-cap" if chosen.idle_cap is None else f"--idle-cap {chosen.idle_cap:g}"
+    say_stderr(f"aiperf-compatible: --pauses {chosen.pauses}, {idle}, --session-order "
+               f"{chosen.session_order}, --cache-bust {chosen.cache_bust}, {cap}, {api_text}")
+    return chosen
+
+
 def with_preset(name: str | None, recycle: bool, duration: float | None,
-                 pause_cap: float | None, session_order: str
+                 pause_cap: float | None, session_order: str, *, keep_pause_cap: bool = False
                  ) -> tuple[bool, float | None, float | None, str]:
-    """A preset's settings where the user left the default (explicit flags win)."""
+    """A preset's settings where the user left the default (explicit flags win);
+    ``keep_pause_cap`` (``--aiperf-compatible``: no pause cap) keeps ``pause_cap``."""
     if not name:
         return recycle, duration, pause_cap, session_order
     chosen = preset(name)
     say_stderr(f"preset {chosen.name}: {chosen.source}")
     return (chosen.recycle or recycle,
             duration if duration is not None else chosen.duration_s,
-            pause_cap if pause_cap is not None else chosen.pause_cap_s,
+            pause_cap if pause_cap is not None or keep_pause_cap else chosen.pause_cap_s,
             chosen.session_order if session_order == "pinned" else session_order)
 
 
@@ -176,10 +229,34 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed of the start points.")]
 StartRange = Annotated[str, typer.Option(
     "--start-range", help="With --recycle: where initial plays start, as fractions of "
     "the session's main turns (0:0 = from the beginning).")]
-Api = Annotated[str, typer.Option(
-    "--api", help="completions: token-id prompts, exact lengths (vLLM). chat: "
+Api = Annotated[str | None, typer.Option(
+    "--api", help="completions (default): token-id prompts, exact lengths (vLLM). chat: "
     "/v1/chat/completions with deterministic text per block, for endpoints that take "
     "only messages; ISL is then what the server counts.")]
+Pauses = Annotated[str | None, typer.Option(
+    "--pauses", help="trace (default): each request waits the pause its trace gives (WEKA: "
+    "the recorded think_time, else the recorded gap) after the requests it depends on end. "
+    "end-to-start: AIPerf's rule, every pause recomputed from the recording as max(0, "
+    "t_k - t_prev - api_time_prev), waited after the previous request ends.")]
+IdleCapOpt = Annotated[float | None, typer.Option(
+    "--idle-cap", min=0.0, help="AIPerf's system idle cap (s): only while no request is "
+    "in flight on any lane and no lane sends within this long, every pending send is "
+    "pulled forward by the same amount (the earliest goes this long after the last "
+    "request ended). Unlike --pause-cap, a pause beside work is never shortened.")]
+CacheBust = Annotated[str | None, typer.Option(
+    "--cache-bust", help="head (default): with --recycle, each play's marker block heads "
+    "every prompt. after-shared-prefix: every play's marker goes after the leading blocks "
+    "other sessions share (the system/tool prefix), where AIPerf puts its [rid:...] "
+    "marker, so that prefix stays cached across sessions.")]
+Grace = Annotated[float | None, typer.Option(
+    "--grace", min=0.0, help="With --duration: requests in flight at the deadline may "
+    "take this many more seconds, then are cut (summary.json requests_cut; never "
+    "measured). Default: each may take --request-timeout.")]
+AiperfCompatible = Annotated[bool, typer.Option(
+    "--aiperf-compatible", help="Send what NVIDIA AIPerf's AgentX scenario sends, where a "
+    "flag is left at its default: --pauses end-to-start, --idle-cap 10, --session-order "
+    "pool, --cache-bust after-shared-prefix, no --pause-cap (also with --preset), --api "
+    "chat (streaming, max_completion_tokens, ignore_eos, no temperature sent).")]
 Outputs = Annotated[str, typer.Option(
     "--outputs", help="canned: later prompts carry the trace's answer blocks. actual: "
     "the model's own output token ids (return_token_ids) replace them, so the server "
@@ -249,12 +326,17 @@ def replay(
     recycle: Recycle = False,
     seed: Seed = 0,
     start_range: StartRange = "0.25:0.75",
-    api: Api = "completions",
+    api: Api = None,
     outputs: Outputs = "canned",
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
     session_order: SessionOrder = "pinned",
     preset_name: PresetOpt = None,
+    pauses: Pauses = None,
+    idle_cap: IdleCapOpt = None,
+    cache_bust: CacheBust = None,
+    grace: Grace = None,
+    aiperf_compatible: AiperfCompatible = False,
     nsys: NsysOut = None,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
@@ -278,8 +360,11 @@ def replay(
 
       agentload replay mooncake.jsonl --target http://gpu-node:8000 --open-loop -o runs/mc
     """
+    traffic = with_aiperf(aiperf_compatible, pauses, idle_cap, cache_bust, api, session_order,
+                          pause_cap)
     recycle, duration, pause_cap, session_order = with_preset(
-        preset_name, recycle, duration, pause_cap, session_order)
+        preset_name, recycle, duration, traffic.pause_cap, traffic.session_order,
+        keep_pause_cap=aiperf_compatible)
     result = run_replay(
         trace, output, target_url=target, embedded=embedded,
         arm=load_arm(arm) if arm is not None else None, nsys_output=nsys,
@@ -287,11 +372,14 @@ def replay(
         slo=parse_slo(slo) if slo else None,
         options=_options(users, duration, max_requests, time_scale, cache_salt,
                          request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                         warmup_turns, api, outputs, session_order, preset_name),
+                         warmup_turns, traffic.api, outputs, session_order, preset_name,
+                         traffic.idle_cap, traffic.cache_bust, grace, aiperf_compatible),
         model=model, gpus=gpus, api_key=os.environ.get(api_key_env) or None,
         report=not no_report, progress=_progress_mode(headless), trace_format=trace_format,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
-                       pause_cap_s=pause_cap),
+                       pause_cap_s=pause_cap,
+                       pause_rule="end-to-start" if traffic.pauses == "end-to-start"
+                       else "trace"),
     )
     _print_result(result, preset_name)
 
@@ -375,12 +463,17 @@ def compare(
     recycle: Recycle = False,
     seed: Seed = 0,
     start_range: StartRange = "0.25:0.75",
-    api: Api = "completions",
+    api: Api = None,
     outputs: Outputs = "canned",
     stall_timeout: StallTimeout = 120.0,
     warmup_turns: WarmupTurns = 1,
     session_order: SessionOrder = "pinned",
     preset_name: PresetOpt = None,
+    pauses: Pauses = None,
+    idle_cap: IdleCapOpt = None,
+    cache_bust: CacheBust = None,
+    grace: Grace = None,
+    aiperf_compatible: AiperfCompatible = False,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
 ) -> None:
@@ -404,12 +497,16 @@ def compare(
         for line in dry_run_lines(chosen):
             typer.echo(line)
         return
+    traffic = with_aiperf(aiperf_compatible, pauses, idle_cap, cache_bust, api, session_order,
+                          pause_cap)
     recycle, duration, pause_cap, session_order = with_preset(
-        preset_name, recycle, duration, pause_cap, session_order)
+        preset_name, recycle, duration, traffic.pause_cap, traffic.session_order,
+        keep_pause_cap=aiperf_compatible)
     # One options object for every arm: one cache salt, so the prompts are identical.
     options = _options(users, duration, max_requests, time_scale, cache_salt,
                        request_timeout, open_loop, stall_timeout, recycle, seed, start_range,
-                       warmup_turns, api, outputs, session_order, preset_name)
+                       warmup_turns, traffic.api, outputs, session_order, preset_name,
+                       traffic.idle_cap, traffic.cache_bust, grace, aiperf_compatible)
     result = compare_arms(
         chosen, trace or demo_trace_path(), output,
         allow_gpu_count_change=allow_gpu_count_change, say=say_stderr, options=options,
@@ -418,7 +515,9 @@ def compare(
         profile_window=parse_window(profile_window) if profile_window else None,
         slo=parse_slo(slo) if slo else None,
         fit=FitOptions(scale_tokens=scale_tokens, max_context=max_context,
-                       pause_cap_s=pause_cap),
+                       pause_cap_s=pause_cap,
+                       pause_rule="end-to-start" if traffic.pauses == "end-to-start"
+                       else "trace"),
     )
     for name, run in result.runs:
         typer.echo(f"{name}: {run.run_dir}")

@@ -12,6 +12,13 @@ Each request also records how many of its prompt tokens a perfect, infinite pref
 cache would hold when it is sent: the leading blocks that some request sent before it
 (in this run, in actual send order) already carried. Summed over the run, that is the
 theoretical prefix-cache hit rate the server's own counters are checked against.
+
+Switches that reproduce AIPerf's traffic (``--aiperf-compatible``): ``idle_cap_s``
+pulls pending sends forward only while nothing at all is in flight (``pacing.py``);
+``cache_bust="after-shared-prefix"`` puts each play's marker block after the prompt's
+leading blocks that other sessions share (the system/tool prefix) instead of at its
+head, so that prefix stays cached across sessions; ``grace_s`` cuts what is still in
+flight that long after ``--duration`` and journals it with phase ``cut``.
 """
 
 from __future__ import annotations
@@ -35,7 +42,17 @@ from agentload.replay.diagnostics import ClientDiagnostics
 from agentload.replay.journal import Journal, RequestRecord
 from agentload.replay.live import Header, LiveBoard, client_figures
 from agentload.replay.metrics import MAX_ERROR_RATE
-from agentload.replay.plan import PlannedRequest, Play, main_turns, marker_block, plan_play
+from agentload.replay.pacing import IdleCap, Shift
+from agentload.replay.plan import (
+    PlannedRequest,
+    Play,
+    declared_prefix_blocks,
+    main_turns,
+    marker_block,
+    marker_positions,
+    plan_play,
+    shared_block_ids,
+)
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.headers import SESSION_HEADER
@@ -91,6 +108,18 @@ class ReplayOptions:
     # "stamped": agentload's transport with kernel receive stamps (http:// targets);
     # "aiohttp": httpx-aiohttp (also used for https:// targets).
     transport: Literal["stamped", "aiohttp"] = "stamped"
+    # AIPerf's system idle cap (s): pending sends are pulled forward only while nothing is
+    # in flight on any lane (``pacing.py``); None: no such cap.
+    idle_cap_s: float | None = None
+    # Where a play's cache-bust marker goes: "head" (recycled plays only, at the head of
+    # every prompt) or "after-shared-prefix" (every play, after the leading blocks other
+    # sessions share, as AIPerf puts its "[rid:...]" marker after the system/tool prefix).
+    cache_bust: Literal["head", "after-shared-prefix"] = "head"
+    # With duration_s: seconds requests in flight at the deadline may still take before
+    # they are cut (journaled with phase "cut"); None: each may take request_timeout_s.
+    grace_s: float | None = None
+    # AIPerf's request shape: chat requests carry max_completion_tokens (not max_tokens).
+    aiperf_compatible: bool = False
 
     def connection_limit(self) -> int:
         return self.max_connections or max(16, 4 * self.users)
@@ -124,6 +153,16 @@ class EngineOutcome:
     skipped: int
     stop_reason: str
     duration_s: float
+    cut: int = 0
+    """Requests still in flight at ``--duration`` + ``--grace``, cut (none measured)."""
+    cut_reason: str | None = None
+    idle_cap_shifts: int = 0
+    """Times the idle cap pulled the pending sends forward, and by how much in all."""
+    idle_cap_shifted_s: float = 0.0
+
+
+# The reason a cut request is journaled with (error_kind "grace").
+CUT_KIND = "grace"
 
 
 class ReplayEngine:
@@ -155,6 +194,7 @@ class ReplayEngine:
         self._deadline_ns: int | None = None
         self._sent = self._completed = self._failed = self._skipped = 0
         self._warmup_sent = 0
+        self._cut = 0
         self._refusals: dict[int, int] = {}
         self._rng = random.Random(options.seed)
         self._in_flight = 0
@@ -170,6 +210,12 @@ class ReplayEngine:
         # The client's own health (stamp error, events per read, loop lag) for summary.json.
         self.diagnostics = ClientDiagnostics()
         self._ttft_s: list[float] = []
+        self.pacer = IdleCap(options.idle_cap_s, self._idle_shift)
+        # Per session: where each request's marker goes (after the shared prefix).
+        self._shared_ids = (shared_block_ids(trace) if options.cache_bust
+                            == "after-shared-prefix" else frozenset[int]())
+        self._marker_at: dict[str, dict[str, int]] = {}
+        self._declared_prefix = declared_prefix_blocks(trace)
         # With recycling the run is bounded by time or a request count, not by the trace.
         planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
         self.total_requests = min(planned_total, options.max_requests or planned_total)
@@ -193,8 +239,14 @@ class ReplayEngine:
         self.journal.write_event("client", t_ns, final=final, **compact)
         self.live.client_sample(t_ns, compact, final)
 
+    def _idle_shift(self, shift: Shift) -> None:
+        self.journal.write_event("idle_cap", self.now_ns(), idle_since_ns=shift.idle_since_ns,
+                                 fire_ns=shift.fire_ns, shift_ns=shift.shift_ns,
+                                 timers=shift.timers)
+
     async def run(self) -> EngineOutcome:
         self._t0_ns = time.perf_counter_ns()
+        self.pacer.start(0)
         self._closed = asyncio.Event()
         if self._stop_reason is not None:
             self._closed.set()
@@ -224,8 +276,13 @@ class ReplayEngine:
                 deadline.cancel()
         stop_reason = self._why_stopped()
         self.live.finish(self.now_ns(), stop_reason)
+        cut_reason = None
+        if self._cut:
+            cut_reason = (f"in flight {self.options.grace_s:g} s after --duration "
+                          f"{self.options.duration_s:g} s (--grace)")
         outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
-                                stop_reason, self.now_ns() / 1e9)
+                                stop_reason, self.now_ns() / 1e9, self._cut, cut_reason,
+                                self.pacer.shifts, self.pacer.shifted_ns / 1e9)
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
         return outcome
 
@@ -247,15 +304,26 @@ class ReplayEngine:
             yield sessions[(lane + k * users) % len(sessions)]
 
     def _plan(self, lane: int, index: int, session: Session) -> Play:
+        after_shared = self.options.cache_bust == "after-shared-prefix"
+        marker = (marker_block(lane, index, self.options.salt_tokens)
+                  if self.options.recycle or after_shared else None)
+        marker_at = self._marker_positions(session) if after_shared else None
         if not self.options.recycle:
-            return plan_play(session, lane, index)
+            return plan_play(session, lane, index, marker=marker, marker_at=marker_at)
         start = 0
         if index == 0:
             lo, hi = self.options.start_range
             start = int(self._rng.uniform(lo, hi) * main_turns(session))
-        marker = marker_block(lane, index, self.options.salt_tokens)
         return plan_play(session, lane, index, start_turn=start,
-                         warmup_turns=self.options.warmup_turns, marker=marker)
+                         warmup_turns=self.options.warmup_turns, marker=marker,
+                         marker_at=marker_at)
+
+    def _marker_positions(self, session: Session) -> dict[str, int]:
+        found = self._marker_at.get(session.id)
+        if found is None:
+            found = self._marker_at[session.id] = marker_positions(
+                session, self._shared_ids, self._declared_prefix.get(session.id))
+        return found
 
     async def _lane(self, lane: int, sessions: Iterator[Session]) -> None:
         for index, session in enumerate(sessions):
@@ -316,7 +384,11 @@ class ReplayEngine:
                     req = planned.request
                 # Build the payload during the pause, so the send itself is on time.
                 payload = self._payload(req)
-                if not self._dispatch_closed(intended):
+                if self.pacer.cap_ns is not None and self._closed is not None:
+                    # Every pending send is a timer the idle cap may pull forward, even
+                    # one due past the deadline (it may come before it once pulled).
+                    intended = await self.pacer.wait(intended, self.now_ns, self._closed)
+                elif not self._dispatch_closed(intended):
                     await self._nap((intended - self.now_ns()) / 1e9)
                 if self._dispatch_closed(intended):
                     if planned.phase == "measure":
@@ -373,12 +445,17 @@ class ReplayEngine:
             prompt: dict[str, Any] = {"messages": self.texts.messages(req.blocks)}
         else:
             prompt = {"prompt": self.prompts.prompt(req.blocks)}
+        # AIPerf's chat requests name the output bound max_completion_tokens and leave
+        # the temperature to the server.
+        aiperf = self.options.aiperf_compatible
+        bound = "max_completion_tokens" if aiperf and self.options.api == "chat" else "max_tokens"
+        if not aiperf:
+            extra["temperature"] = 0.0
         return orjson.dumps({
             "model": self.target.model,
             **prompt,
-            "max_tokens": req.output_tokens,
+            bound: req.output_tokens,
             "ignore_eos": True,
-            "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
             **extra,
@@ -398,7 +475,15 @@ class ReplayEngine:
         else:
             self._warmup_sent += 1
         self._in_flight += 1
+        self.pacer.sending()
         live = self.live
+        # With --grace, what is still in flight at the deadline + grace is cut there.
+        timeout_s = self.options.request_timeout_s
+        may_cut = False
+        if self._deadline_ns is not None and self.options.grace_s is not None:
+            left_s = (self._deadline_ns - self.now_ns()) / 1e9 + self.options.grace_s
+            if left_s < timeout_s:
+                timeout_s, may_cut = max(left_s, 1e-3), True
 
         def first_token() -> None:
             self.cache_model.cache(keys)
@@ -412,12 +497,13 @@ class ReplayEngine:
             headers = {**self._auth, SESSION_HEADER: req.session_id}
             res = await stream_completion(
                 self.client, self._url, payload, headers=headers,
-                total_timeout_s=self.options.request_timeout_s,
+                total_timeout_s=timeout_s,
                 on_first_token=first_token,
                 collect_token_ids=threads is not None,
                 collect_text=threads is not None and self.options.api == "chat")
         finally:
             self._in_flight -= 1
+            self.pacer.finished(self.now_ns())
         self.diagnostics.observe(res)
         answer: Block | None = None
         if threads is not None and res.ok and self.options.api == "chat":
@@ -445,7 +531,13 @@ class ReplayEngine:
         else:
             self._refusals.pop(play.lane, None)
         rec = self._record(play, turn, planned, intended_ns, ready_ns, res, theoretical)
-        if planned.phase == "warmup":
+        if may_cut and res.error_kind == "timeout":
+            # Cut by the end of the run, not failed: journaled apart, never measured.
+            rec = replace(rec, phase="cut", error_kind=CUT_KIND,
+                          error=f"cut {self.options.grace_s:g} s after the --duration "
+                                "deadline (--grace)")
+            self._cut += 1
+        elif planned.phase == "warmup":
             pass
         elif rec.ok:
             self._completed += 1

@@ -1,4 +1,4 @@
-"""Fit a trace to a target: scale token lengths, cap context, cap pauses.
+"""Fit a trace to a target: scale token lengths, cap context, choose and cap pauses.
 
 Real agent traces run to 100k+ token contexts and pauses of many minutes; the embedded
 tiny model takes 16k tokens. ``fit_trace`` shrinks a trace without changing its
@@ -6,11 +6,21 @@ structure: every block keeps its id and is scaled by the same factor everywhere 
 equal ids still mean equal content and every reuse stays a reuse), output lengths
 scale alike, and a prompt that still exceeds the context keeps its leading blocks (the
 shared part) and loses its tail. What was changed is counted, so ``run.json`` can say.
+
+Pauses follow one of two rules (``--pauses``). ``trace`` keeps each request's
+``pause_s`` as its importer set it (WEKA: the recorded ``think_time`` where there is
+one, else the recorded end-to-start gap), counted from the end of the request's last
+dependency in the replay. ``end-to-start`` is AIPerf's: every pause is recomputed from
+the recording as ``max(0, t_k - (t_d + api_time_d))``, ``d`` the dependency that ended
+last in the recording (a missing ``api_time`` counts as 0), and a request with no
+dependency goes as soon as its play starts. Requests without a recorded ``t`` keep
+their pause and are counted. ``--pause-cap`` then caps whatever the rule gave.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
 from agentload.replay.errors import ReplayError
 from agentload.traces import Block, Request, Session, Trace
@@ -23,6 +33,11 @@ class FitOptions:
     scale_tokens: float = 1.0
     max_context: int | None = None
     pause_cap_s: float | None = None
+    pause_rule: PauseRule = "trace"
+
+
+PauseRule = Literal["trace", "end-to-start"]
+PAUSE_RULES: tuple[PauseRule, ...] = ("trace", "end-to-start")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +52,11 @@ class FitReport:
     pauses_capped: int
     input_tokens_before: int
     input_tokens_after: int
+    pause_rule: PauseRule = "trace"
+    pauses_from_recording: int = 0
+    """Pauses recomputed from recorded ``t`` / ``api_time`` (``end-to-start``)."""
+    pauses_without_recording: int = 0
+    """Requests ``end-to-start`` could not recompute (no recorded ``t``): pause kept."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -50,8 +70,11 @@ def fit_trace(trace: Trace, options: FitOptions) -> tuple[Trace, FitReport]:
         raise ReplayError(f"--max-context must be at least 2 tokens, got {options.max_context}")
     if options.pause_cap_s is not None and options.pause_cap_s < 0:
         raise ReplayError(f"--pause-cap must be >= 0 s, got {options.pause_cap_s}")
+    if options.pause_rule not in PAUSE_RULES:
+        raise ReplayError(f"--pauses must be one of {', '.join(PAUSE_RULES)}, "
+                          f"got {options.pause_rule!r}")
     before = sum(r.input_tokens for r in trace.requests())
-    truncated = capped_out = capped_pause = 0
+    truncated = capped_out = capped_pause = recomputed = kept = 0
     # Truncated blocks are new content (a different length); give each (id, length) its
     # own id above every existing one, the same one wherever it recurs.
     next_id = max((b.id for r in trace.requests() for b in r.blocks), default=0) + 1
@@ -59,6 +82,7 @@ def fit_trace(trace: Trace, options: FitOptions) -> tuple[Trace, FitReport]:
     sessions = []
     for session in trace.sessions:
         requests = []
+        by_id = {r.id: r for r in session.requests}
         for req in session.requests:
             blocks = tuple(_scaled(b, options.scale_tokens) for b in req.blocks)
             out = max(1, round(req.output_tokens * options.scale_tokens))
@@ -70,6 +94,12 @@ def fit_trace(trace: Trace, options: FitOptions) -> tuple[Trace, FitReport]:
                     blocks, next_id = _truncate(blocks, room, cut_ids, next_id)
                     truncated += 1
             pause = req.pause_s
+            if options.pause_rule == "end-to-start":
+                gap = end_to_start_pause(req, by_id)
+                if gap is None:
+                    kept += 1
+                else:
+                    pause, recomputed = gap, recomputed + 1
             if options.pause_cap_s is not None and pause > options.pause_cap_s:
                 pause, capped_pause = options.pause_cap_s, capped_pause + 1
             requests.append(replace(req, blocks=blocks, output_tokens=out, pause_s=pause))
@@ -77,7 +107,30 @@ def fit_trace(trace: Trace, options: FitOptions) -> tuple[Trace, FitReport]:
     fitted = replace(trace, sessions=tuple(sessions))
     after = sum(r.input_tokens for r in fitted.requests())
     return fitted, FitReport(options.scale_tokens, options.max_context, options.pause_cap_s,
-                             truncated, capped_out, capped_pause, before, after)
+                             truncated, capped_out, capped_pause, before, after,
+                             options.pause_rule, recomputed, kept)
+
+
+def end_to_start_pause(req: Request, session: dict[str, Request]) -> float | None:
+    """AIPerf's pause before ``req``, in seconds, or None without a recorded ``t``.
+
+    ``max(0, t_k - (t_d + api_time_d))`` for the dependency ``d`` that ended last in the
+    recording (``api_time`` missing counts as 0; a dependency without a recorded ``t``
+    makes the pause unknown); 0 for a request with no dependency.
+    """
+    mine = req.recorded
+    if mine is None or mine.t is None:
+        return None
+    if not req.depends_on:
+        return 0.0
+    ends = []
+    for dep_id in req.depends_on:
+        dep = session.get(dep_id)
+        timing = dep.recorded if dep is not None else None
+        if timing is None or timing.t is None:
+            return None
+        ends.append(timing.t + (timing.api_time or 0.0))
+    return max(0.0, mine.t - max(ends))
 
 
 def _scaled(block: Block, factor: float) -> Block:

@@ -19,7 +19,7 @@ import polars as pl
 JOURNAL_NAME = "journal.jsonl"
 REQUESTS_NAME = "requests.parquet"
 
-Phase = Literal["warmup", "measure"]
+Phase = Literal["warmup", "measure", "cut"]  # cut: in flight past --duration + --grace
 
 
 @dataclass(frozen=True, slots=True)

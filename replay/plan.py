@@ -14,14 +14,32 @@ Recycled plays of one session must not hit each other's cache, so each play puts
 own marker block at the head of every prompt: the same marker in warmup and
 measurement, a fresh one on every recycle. Marker ids are negative, so they never
 meet a trace's block ids.
+
+With ``--cache-bust after-shared-prefix`` (AIPerf's placement) every play gets a
+marker, and it goes after the *shared prefix* instead of at the head. Where the source
+declares a system/tool prefix (WEKA's "tool_tokens" + "system_tokens", kept as whole
+blocks in the trace's ``prefix_blocks`` meta) that prefix is it, as AIPerf renders
+those blocks as the system message and marks the first user message: for the main
+agent, and for any other agent whose first request starts with the same blocks. A
+session without a declaration uses the leading blocks that also occur in another
+session of the trace (a common system prompt and tool definitions; WEKA files with
+``hash_id_scope: global`` share them). An agent's position is fixed by its first
+request in the session, so every later prompt of the agent, which extends the first,
+carries the marker at the same place and keeps the play's own context cacheable; with
+no prefix the marker lands at the head. The marker is ``salt_tokens`` (16) tokens
+long, counted in the request's requested ISL like any block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from agentload.traces import Block, Request, Session
+import orjson
+
+from agentload.traces import Block, Request, Session, Trace
+from agentload.traces.formats.weka import PREFIX_BLOCKS_META
 
 Phase = Literal["warmup", "measure"]
 
@@ -55,15 +73,71 @@ def marker_block(lane: int, index: int, tokens: int) -> Block:
     return Block(id=-(1 + lane * 1_000_003 + index), tokens=tokens)
 
 
+def shared_block_ids(trace: Trace) -> frozenset[int]:
+    """The block ids that occur in more than one session of ``trace``."""
+    seen: dict[int, str] = {}
+    shared: set[int] = set()
+    for session in trace.sessions:
+        for req in session.requests:
+            for block in req.blocks:
+                first = seen.setdefault(block.id, session.id)
+                if first != session.id:
+                    shared.add(block.id)
+    return frozenset(shared)
+
+
+def marker_positions(session: Session, shared: frozenset[int],
+                     declared: int | None = None) -> dict[str, int]:
+    """Request id -> how many leading blocks come before the play's marker.
+
+    With ``declared`` (the source's system/tool prefix in leading blocks of the
+    session's first request), the first request's ``declared`` blocks are the prefix
+    of every agent whose first request starts with them, and other agents have none.
+    Otherwise an agent's prefix is the run of leading ``shared`` blocks of its first
+    request. A later request of the agent that does not start with its agent's prefix
+    takes the part it does start with.
+    """
+    prefix: dict[str, tuple[Block, ...]] = {}
+    base = session.requests[0].blocks[:declared] if declared else ()
+    out: dict[str, int] = {}
+    for req in session.requests:
+        mine = prefix.get(req.agent_id)
+        if mine is None:
+            if declared is not None:
+                mine = base if req.blocks[:len(base)] == base else ()
+            else:
+                mine = req.blocks[:_leading_run(req.blocks, shared)]
+            prefix[req.agent_id] = mine
+        n = 0
+        for have, want in zip(req.blocks, mine, strict=False):
+            if have != want:
+                break
+            n += 1
+        out[req.id] = n
+    return out
+
+
+def _leading_run(blocks: tuple[Block, ...], shared: frozenset[int]) -> int:
+    n = 0
+    for block in blocks:
+        if block.id not in shared:
+            break
+        n += 1
+    return n
+
+
 def plan_play(session: Session, lane: int, index: int, *, start_turn: int = 0,
-              warmup_turns: int = 1, marker: Block | None = None) -> Play:
+              warmup_turns: int = 1, marker: Block | None = None,
+              marker_at: Mapping[str, int] | None = None) -> Play:
     """The requests of one play of ``session`` starting at main turn ``start_turn``.
 
     Requests listed before main turn ``start_turn`` are dropped (their dependants
     treat them as done when the play starts), except the ``warmup_turns`` main turns
     just before it, which are played as warmup after a one-token priming request. A
-    mid-session start is primed even with no warmup turns.
+    mid-session start is primed even with no warmup turns. ``marker`` goes into every
+    prompt after ``marker_at[request id]`` leading blocks (at the head without it).
     """
+    at = marker_at or {}
     reqs = session.requests
     main_positions = [i for i, r in enumerate(reqs) if r.agent_kind == "main"]
     start_turn = max(0, min(start_turn, len(main_positions) - 1)) if main_positions else 0
@@ -75,13 +149,13 @@ def plan_play(session: Session, lane: int, index: int, *, start_turn: int = 0,
     if start_turn:
         # Prime with the first warmup turn's prompt; with no warmup turns, with the turn
         # just before the start: the context the agent had built by then.
-        first = _salted(reqs[warm[0] if warm else main_positions[start_turn - 1]], marker)
+        first = _salted(reqs[warm[0] if warm else main_positions[start_turn - 1]], marker, at)
         planned.append(PlannedRequest(replace(first, id=f"{first.id}#prime", output_tokens=1,
                                               depends_on=(), pause_s=0.0),
                                       "warmup", (), prime=True))
     previous_warm: str | None = planned[0].request.id if planned else None
     for i in sorted(kept):
-        req = _salted(reqs[i], marker)
+        req = _salted(reqs[i], marker, at)
         deps = tuple(d for d in req.depends_on if d in kept_ids)
         if i in warm:
             # Warmup turns run back to back after the priming request.
@@ -95,9 +169,27 @@ def plan_play(session: Session, lane: int, index: int, *, start_turn: int = 0,
     return Play(lane, index, session, start_turn, marker, tuple(planned))
 
 
-def _salted(req: Request, marker: Block | None) -> Request:
-    return req if marker is None else replace(req, blocks=(marker, *req.blocks))
+def _salted(req: Request, marker: Block | None, at: Mapping[str, int]) -> Request:
+    if marker is None:
+        return req
+    k = at.get(req.id, 0)
+    return replace(req, blocks=(*req.blocks[:k], marker, *req.blocks[k:]))
 
 
 def main_turns(session: Session) -> int:
     return sum(r.agent_kind == "main" for r in session.requests)
+
+
+def declared_prefix_blocks(trace: Trace) -> dict[str, int]:
+    """Session id -> its declared system/tool prefix in blocks (WEKA's, in the trace's
+    ``prefix_blocks`` meta); empty when the source declared none."""
+    raw = trace.meta.get(PREFIX_BLOCKS_META)
+    if not raw:
+        return {}
+    try:
+        found = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): int(v) for k, v in found.items() if isinstance(v, int) and v >= 0}

@@ -548,6 +548,11 @@ def write_results(run_dir: Path, report: bool = True,
     if outcome is not None:
         summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
                     "stop_reason": outcome["stop_reason"]}
+    # Requests cut at --duration + --grace: journaled with phase "cut", never measured.
+    summary["requests_cut"] = frame.filter(pl.col("phase") == "cut").height
+    summary["cut_reason"] = (outcome or {}).get("cut_reason") or (
+        "in flight past --duration + --grace" if summary["requests_cut"] else None)
+    summary["traffic"] = traffic_rules(run)
     summary["ci95"] = bootstrap_ci(frame) | throughput_ci(frame, summary)
     summary["steady_state"] = steady_state(frame)
     gpu_path = run_dir / GPU_METRICS_NAME
@@ -583,6 +588,23 @@ def write_results(run_dir: Path, report: bool = True,
     if report:
         md, page = write_reports(run_dir, summary, run, frame)
     return RunResult(run_dir, summary, md, page, bool(summary["interrupted"]))
+
+
+def traffic_rules(run: dict[str, Any]) -> dict[str, Any]:
+    """Which pacing, cache-bust and end-of-run rules a run used (from its run.json)."""
+    options = run.get("options") or {}
+    fit = run.get("fit") or {}
+    return {
+        "aiperf_compatible": bool(options.get("aiperf_compatible", False)),
+        "pauses": fit.get("pause_rule", "trace"),
+        "pause_cap_s": fit.get("pause_cap_s"),
+        "idle_cap_s": options.get("idle_cap_s"),
+        "session_order": options.get("session_order", "pinned"),
+        "cache_bust": options.get("cache_bust", "head"),
+        "grace_s": options.get("grace_s"),
+        "api": options.get("api", "completions"),
+        "idle_cap_shifts": (run.get("outcome") or {}).get("idle_cap_shifts"),
+    }
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

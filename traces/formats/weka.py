@@ -8,9 +8,12 @@ what ``agentload traces import weka --help`` shows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from agentload.traces.errors import TraceError
 from agentload.traces.formats._common import (
@@ -39,9 +42,16 @@ latest dependency's end ("t" + "api_time"). "hash_ids" are 64-token blocks (the
 file's "block_size"); hash ids are namespaced per file unless "hash_id_scope" is
 "global", and the unhashed tail of each prompt ("in" minus the hashed tokens) is a
 block of its own that nothing shares. Kept: "in", "out", "model", recorded "t",
-"api_time" and "ttft". Dropped: "type" s/n (replays always stream), "input_types",
-"output_types", "stop", "tool_tokens", "system_tokens", subagent "subagent_type",
+"api_time" and "ttft"; "tool_tokens" + "system_tokens" as the session's system/tool
+prefix in whole blocks (trace meta "prefix_blocks"). Dropped: "type" s/n (replays
+always stream), "input_types", "output_types", "stop", subagent "subagent_type",
 "status", "tool_use_count", "total_tokens", "_analysis", "totals"."""
+
+# The trace meta key of each session's declared system/tool prefix, in leading blocks of
+# its first request: "tool_tokens" + "system_tokens" rounded up to whole blocks and
+# clamped to the hashed blocks (AIPerf's system message; ``--cache-bust
+# after-shared-prefix`` puts the play's marker after it). A JSON object, session -> n.
+PREFIX_BLOCKS_META = "prefix_blocks"
 
 # Main-chain "t" values are whole seconds in published traces, so a subagent that ended
 # up to a second after a parent request's stamp may still have been waited for.
@@ -173,6 +183,7 @@ def load_weka(paths: list[Path], options: ImportOptions) -> ImportResult:
     sessions: list[Session] = []
     seen: dict[str, Path] = {}
     block_size: int | None = None
+    prefix_blocks: dict[str, int] = {}
     for path in paths:
         top = FieldReader(str(path), load_json(path))
         if not isinstance(top.row.get("requests"), list):
@@ -198,10 +209,29 @@ def load_weka(paths: list[Path], options: ImportOptions) -> ImportResult:
             notes.add("{n} files had no requests and were skipped")
             continue
         sessions.append(Session(id=sid, requests=tuple(builder.requests)))
+        declared = _prefix_blocks(top, size)
+        if declared is not None:
+            prefix_blocks[sid] = declared
     name = options.name or (paths[0].parent.name if len(paths) > 1 else paths[0].stem)
+    meta = {PREFIX_BLOCKS_META: orjson.dumps(prefix_blocks).decode()} if prefix_blocks else {}
     trace = Trace(name=name, sessions=tuple(sessions), block_size=block_size or 64,
-                  source="weka")
+                  source="weka", meta=meta)
     return ImportResult(trace, notes.lines())
+
+
+def _prefix_blocks(top: FieldReader, size: int) -> int | None:
+    """The file's declared system/tool prefix in leading blocks of its first request
+    (None when the file declares neither "tool_tokens" nor "system_tokens")."""
+    if not (top.has("tool_tokens") or top.has("system_tokens")):
+        return None
+    declared = top.count("tool_tokens", 0) + top.count("system_tokens", 0)
+    first = next((r for r in top.row["requests"] if isinstance(r, dict)
+                  and (r.get("type") or "s") != "subagent"), None)
+    if first is None or not declared:
+        return 0
+    row = FieldReader(f"{top.where}: requests[0]", first)
+    hashed = min(len(row.ids("hash_ids") or []), row.count("in") // size)
+    return min(math.ceil(declared / size), hashed)
 
 
 WEKA = TraceFormat(
