@@ -1,7 +1,8 @@
 """``agentload bench emulator | client | agree``: measurement truth, as commands.
 
-Thin typer wrappers over ``emulator.main``, ``client_bench.client_benchmark`` and
-``agree.agreement``; each is usable from Python the same way.
+Thin typer wrappers over ``emulator.main``, ``client_bench.client_benchmark``,
+``agree.agreement`` and (``agree --peer aiperf``) ``agree_aiperf.agreement_aiperf``; each
+is usable from Python the same way.
 """
 
 from __future__ import annotations
@@ -88,14 +89,39 @@ def agree_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
     tokenizer: Annotated[Path | None, typer.Option(
         "--tokenizer", help="Tokenizer folder of the server's model, for vllm bench serve "
-        "(default: the embedded tiny model's, or the dummy preset's the server names).")
+        "and AIPerf (default: the embedded tiny model's, or the dummy preset's the server "
+        "names).")
     ] = None,
+    peer: Annotated[str, typer.Option(
+        "--peer", help="vllm: vllm bench serve on synthetic prompts. aiperf: AIPerf's "
+        "AgentX scenario (inferencex-agentx-mvp) and agentload replay on --trace, from "
+        "AIPerf's own virtualenv (`make peers`).")] = "vllm",
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="With --peer aiperf: a folder of WEKA session files.")] = None,
+    duration: Annotated[float, typer.Option(
+        "--duration", help="With --peer aiperf: seconds per run and tool (AIPerf adds a "
+        "10 s grace period and its own warm-up).")] = 60.0,
+    seed: Annotated[int, typer.Option("--seed", help="With --peer aiperf: both tools' "
+                                      "seed.")] = 0,
+    warmup: Annotated[float, typer.Option(
+        "--warmup", help="With --peer aiperf: seconds of the unmeasured agentload warm-up "
+        "run before the first measured run (0: none).")] = 20.0,
+    keep: Annotated[Path | None, typer.Option(
+        "--keep", help="With --peer aiperf: keep every run's folder here.")] = None,
 ) -> None:
-    """TTFT and ITL P50/P90 of agentload vs vllm bench serve on one vLLM server.
+    """TTFT and ITL P50/P90 of agentload vs vllm bench serve (or AIPerf) on one server.
 
-    The same requests, alternating, median of --runs runs each, with ratios (AIPerf too
-    where it is installed).
+    The same requests, alternating, median of --runs runs each, with ratios. With
+    --peer aiperf: AIPerf's AgentX scenario and agentload replay on the same --trace
+    folder, users (--concurrency), duration and seed; AIPerf marks such runs
+    submission_valid=false (unsafe_override).
     """
+    if peer == "aiperf":
+        _agree_aiperf(target, trace, concurrency, duration, runs, seed, warmup, tokenizer,
+                      keep, as_json)
+        return
+    if peer != "vllm":
+        raise typer.BadParameter(f"{peer!r}: expected vllm or aiperf", param_hint="--peer")
     from agentload.replay.agree import agree_lines, agreement
 
     result = agreement(target, requests=requests, concurrency=concurrency,
@@ -106,3 +132,25 @@ def agree_command(
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
         typer.echo("\n".join(agree_lines(result)))
+
+
+def _agree_aiperf(target: str | None, trace: Path | None, users: int, duration: float,
+                  runs: int, seed: int, warmup: float, tokenizer: Path | None,
+                  keep: Path | None, as_json: bool) -> None:
+    from agentload.replay.agree_aiperf import PeerRunError, agree_aiperf_lines, agreement_aiperf
+
+    if trace is None:
+        raise typer.BadParameter("--peer aiperf needs --trace DIR (WEKA session files)",
+                                 param_hint="--trace")
+    try:
+        result = agreement_aiperf(trace, target, users=users, duration_s=duration, runs=runs,
+                                  seed=seed, warmup_s=warmup, tokenizer=tokenizer,
+                                  workdir=keep, say=lambda line: typer.echo(line, err=True))
+    except PeerRunError as exc:
+        typer.echo(exc.log_tail, err=True)
+        typer.echo(f"error: {exc}; its folder is kept: {exc.kept}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(agree_aiperf_lines(result)))
