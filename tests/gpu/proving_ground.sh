@@ -5,8 +5,9 @@
 #
 #   STEP=unpack   (carry .gpu/vllm.tar.xz .gpu/stage.sh)   unpack vLLM
 #   STEP=compare  (carry .gpu/site.tar.xz .gpu/stage.sh)   moe-graphs vs moe-ngram, profiled
-#   STEP=served   ARM=moe-fullgraph AGREE=1                one arm served: profiled replay, bench agree
-#   STEP=served   ARM=moe-eager DIFF_WITH=moe-fullgraph    eager replay, profiled; profile diff
+#   STEP=served   ARMS="moe-eager moe-fullgraph" AGREE=1   each arm served in turn: a profiled
+#                                                          replay (bench agree on the first),
+#                                                          then profile diff of the two
 #
 # Everything comes back under $OUT as a few tarballs (the device returns at most 8 files).
 set -u
@@ -68,28 +69,32 @@ serve_arm() {  # $1: arm, served by `agentload serve` on port 8011 until it answ
 }
 stop_arm() { pkill -f "port 8011"; sleep 8; pkill -9 -f "vllm.entrypoints" 2>/dev/null; sleep 2; }
 
-if [ "$STEP" = served ]; then  # ARM served once: a profiled replay, then (AGREE=1) bench agree
-  ARM=${ARM:-moe-fullgraph}
-  if serve_arm "$ARM"; then
-    log "replay $ARM (profiled)"
-    timeout "${LIMIT:-150}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 \
-       "${TRACE_ARGS[@]:2}" --duration "${DURATION:-35}" --profile-window 20:23 --headless \
-       -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
-    if [ "${AGREE:-0}" = 1 ]; then
-      log "bench agree against vllm bench serve"
-      timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
-         --requests "${AGREE_REQUESTS:-128}" --runs 3 --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
-      python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
-         "$RUNS/agree-$ARM.json" 2>&1 | tee -a "$OUT/agree.txt"
+if [ "$STEP" = served ]; then  # each of ARMS served in turn: a profiled replay; AGREE=1: bench agree on the first
+  first=1
+  for ARM in ${ARMS:-${ARM:-moe-fullgraph}}; do
+    if serve_arm "$ARM"; then
+      log "replay $ARM (profiled)"
+      timeout "${LIMIT:-150}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 \
+         "${TRACE_ARGS[@]:2}" --duration "${DURATION:-35}" --profile-window 20:23 --headless \
+         -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
+      if [ "${AGREE:-0}" = 1 ] && [ "$first" = 1 ]; then
+        log "bench agree against vllm bench serve"
+        timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
+           --requests "${AGREE_REQUESTS:-128}" --runs 3 --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
+        python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
+           "$RUNS/agree-$ARM.json" 2>&1 | tee -a "$OUT/agree.txt"
+      fi
+      stop_arm
     fi
-    stop_arm
-  fi
-  log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
-  for other in ${DIFF_WITH:-}; do  # the same traffic's traces of another arm, eager first
-    for a in "$PROFILES/$ARM"/*.json.gz; do for b in "$PROFILES/$other"/*.json.gz; do
-      [ -f "$a" ] && [ -f "$b" ] && al profile diff "$a" "$b" >> "$OUT/profile-diff-$ARM-$other.txt" 2>&1
-    done; done
+    first=0
+    log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
   done
+  set -- ${ARMS:-}
+  if [ $# -ge 2 ]; then  # the first two arms' traces of the same traffic, side by side
+    for a in "$PROFILES/$1"/*.json.gz; do for b in "$PROFILES/$2"/*.json.gz; do
+      [ -f "$a" ] && [ -f "$b" ] && al profile diff "$a" "$b" >> "$OUT/profile-diff.txt" 2>&1
+    done; done
+  fi
 fi
 
 log "pack"
