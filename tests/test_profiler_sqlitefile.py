@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from agentload.profiler import load_profile, sqlitefile
+from agentload.profiler import load_profile, sqlite_records, sqlitefile
 from agentload.profiler.errors import ProfileError
 from agentload.profiler.sqlitefile import read_columns, table_layout
 
@@ -512,13 +512,13 @@ def test_schema_cases(tmp_path: Path, ddl: str, insert: str, cols: list[str],
 def _decode_page(page: bytes, row_limit: int) -> tuple[int, int, list[int]]:
     """decode_leaves over one crafted leaf of a one-integer-column table: (rows, status,
     the output row past the limit, which must stay untouched)."""
-    buf = np.frombuffer(page + bytes(sqlitefile.PAD), np.uint8).copy()
+    buf = np.frombuffer(page + bytes(sqlite_records.PAD), np.uint8).copy()
     buf.flags.writeable = False
     values = np.full((1, row_limit + 1), 7, np.int64)
     slot_of = np.full(PAGE, -1, np.int64)
     slot_of[0] = 0
-    pool = sqlitefile._Pool()
-    rows, status = sqlitefile.decode_leaves(
+    pool = sqlite_records.StringPool()
+    rows, status = sqlite_records.decode_leaves(
         buf, np.zeros(1, np.int64), PAGE, PAGE, slot_of, np.zeros(PAGE, np.bool_),
         np.zeros(1, np.int64), np.zeros(PAGE, np.bool_), -1, values, 0, row_limit,
         np.zeros(1, np.int64), pool.table, pool.data, pool.offsets, pool.hashes, pool.state)
@@ -532,13 +532,13 @@ def test_the_decoder_checks_cell_counts_itself() -> None:
     before anything is written past the room."""
     cells = [(PAGE - 8 * (k + 1), varint(3) + varint(k + 1) + bytes([2, 1, k])) for k in range(3)]
     page = leaf(cells)
-    assert _decode_page(page, 3)[:2] == (3, sqlitefile.OK)
+    assert _decode_page(page, 3)[:2] == (3, sqlite_records.OK)
     rows, status, past = _decode_page(page, 2)  # room for 2 rows, 3 cells
-    assert status == sqlitefile.CORRUPT and rows == 0 and past == [7]
+    assert status == sqlite_records.CORRUPT and rows == 0 and past == [7]
     huge = bytearray(page)
     huge[3:5] = (PAGE // 2).to_bytes(2, "big")  # pointers would run past the page
     rows, status, past = _decode_page(bytes(huge), PAGE)
-    assert status == sqlitefile.CORRUPT and rows == 0
+    assert status == sqlite_records.CORRUPT and rows == 0
 
 
 SHRUNK_CHILD = """
