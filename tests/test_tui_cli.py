@@ -127,7 +127,7 @@ def test_replay_without_a_terminal_prints_progress_lines(server: str, tmp_path: 
 
 def test_progress_mode_picks_the_dashboard_only_on_a_terminal(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(live, "_dashboard", DashboardProcess)
+    monkeypatch.setattr(live._snapshot, "_dashboard", DashboardProcess)
 
     class Tty:
         def __init__(self, tty: bool) -> None:
@@ -146,7 +146,7 @@ def test_progress_mode_picks_the_dashboard_only_on_a_terminal(
     assert replay_cli._progress_mode(None) == "live"
     monkeypatch.setattr(sys, "stdout", Tty(False))
     assert replay_cli._progress_mode(None) == "headless"
-    monkeypatch.setattr(live, "_dashboard", None)
+    monkeypatch.setattr(live._snapshot, "_dashboard", None)
     monkeypatch.setattr(sys, "stdout", Tty(True))
     monkeypatch.setattr(sys, "stdin", Tty(True))
     assert replay_cli._progress_mode(None) == "live"
