@@ -71,8 +71,9 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         raise ReplayError(f"--outputs must be canned or actual, got {outputs!r}")
     if api not in ("completions", "chat"):
         raise ReplayError(f"--api must be completions or chat, got {api!r}")
-    if session_order not in ("pinned", "pool"):
-        raise ReplayError(f"--session-order must be pinned or pool, got {session_order!r}")
+    if session_order not in ("pinned", "pool", "sequential"):
+        raise ReplayError("--session-order must be pinned, pool or sequential, got "
+                          f"{session_order!r}")
     if cache_bust not in ("head", "after-shared-prefix"):
         raise ReplayError(f"--cache-bust must be head or after-shared-prefix, got {cache_bust!r}")
     if grace is not None and duration is None:
@@ -88,10 +89,16 @@ def _options(users: int, duration: float | None, max_requests: int | None, time_
         cache_salt=cache_salt if cache_salt is not None else new_cache_salt(),
         request_timeout_s=request_timeout, stall_timeout_s=stall_timeout,
         open_loop=open_loop, recycle=recycle, seed=seed,
-        start_range=_start_range(start_range), warmup_turns=warmup_turns,
+        # AIPerf's AgentX scenario draws start points over the whole session (0-1).
+        start_range=_start_range("0:1" if aiperf_compatible and start_range == "0.25:0.75"
+                                 else start_range), warmup_turns=warmup_turns,
         api="chat" if api == "chat" else "completions",
         output_mode="actual" if outputs == "actual" else "canned",
-        session_order="pool" if session_order == "pool" else "pinned",
+        session_order=("pool" if session_order == "pool" else "sequential"
+                       if session_order == "sequential" else "pinned"),
+        # AIPerf draws each lane's start as an instant of the recorded session
+        # (trajectory_source.py); ``plan.aiperf_start_s`` draws the same one.
+        start_at="time" if aiperf_compatible else "turn",
         preset=preset_name, idle_cap_s=idle_cap,
         cache_bust="after-shared-prefix" if cache_bust == "after-shared-prefix" else "head",
         grace_s=grace, aiperf_compatible=aiperf_compatible,
@@ -111,10 +118,11 @@ class Traffic:
 
 
 # NVIDIA AIPerf (AgentX scenario): end-to-start gaps from the recording, a 10 s idle cap
-# that applies only while nothing is in flight, one shared session pool, the cache-bust
+# that applies only while nothing is in flight, the sessions in trace order from one
+# shared sampler (its SequentialSampler for WEKA traces), the cache-bust
 # marker after the shared system/tool prefix, no per-pause cap, streaming chat requests.
 AIPERF = Traffic(pauses="end-to-start", idle_cap=10.0, cache_bust="after-shared-prefix",
-                 api="chat", session_order="pool", pause_cap=None)
+                 api="chat", session_order="sequential", pause_cap=None)
 
 
 def with_aiperf(enabled: bool, pauses: str | None, idle_cap: float | None,
@@ -255,8 +263,11 @@ Grace = Annotated[float | None, typer.Option(
 AiperfCompatible = Annotated[bool, typer.Option(
     "--aiperf-compatible", help="Send what NVIDIA AIPerf's AgentX scenario sends, where a "
     "flag is left at its default: --pauses end-to-start, --idle-cap 10, --session-order "
-    "pool, --cache-bust after-shared-prefix, no --pause-cap (also with --preset), --api "
-    "chat (streaming, max_completion_tokens, ignore_eos, no temperature sent).")]
+    "sequential, --cache-bust after-shared-prefix, no --pause-cap (also with --preset), "
+    "--api chat (streaming, max_completion_tokens, ignore_eos, no temperature sent); with "
+    "--recycle, --start-range 0:1 and each lane's first play starts at the instant AIPerf "
+    "draws for the same --seed, every agent live then primed with one max_tokens=1 "
+    "request, and --duration counts from the end of that warm-up.")]
 Outputs = Annotated[str, typer.Option(
     "--outputs", help="canned: later prompts carry the trace's answer blocks. actual: "
     "the model's own output token ids (return_token_ids) replace them, so the server "
@@ -280,7 +291,8 @@ PresetOpt = Annotated[str | None, typer.Option(
     "E2E-normalized P90 interactivity printed as the headline.")]
 SessionOrder = Annotated[str, typer.Option(
     "--session-order", help="pinned: lane i plays sessions i, i+N, ... pool: every lane "
-    "takes the next session from one seeded shuffle (AIPerf's rule), whichever is free.")]
+    "takes the next session from one seeded shuffle, whichever is free. sequential: the "
+    "same in trace order, wrapping (AIPerf's rule for WEKA traces).")]
 SloOpt = Annotated[str | None, typer.Option(
     "--slo", help="Service-level objectives, e.g. ttft=2s,itl=50ms,e2e_norm=40ms (also "
     "e2el): goodput (requests and tokens/s meeting every bound) and the share of users and "

@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -44,13 +44,18 @@ from agentload.replay.live import Header, LiveBoard, client_figures
 from agentload.replay.metrics import MAX_ERROR_RATE
 from agentload.replay.pacing import IdleCap, Shift
 from agentload.replay.plan import (
+    PRIME_SUFFIX,
+    WARM_BARRIER,
     PlannedRequest,
     Play,
+    aiperf_start_s,
+    chat_segments,
     declared_prefix_blocks,
     main_turns,
     marker_block,
     marker_positions,
     plan_play,
+    plan_play_at,
     shared_block_ids,
 )
 from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
@@ -102,8 +107,14 @@ class ReplayOptions:
     warmup_turns: int = 1
     salt_tokens: int = 16
     # "pinned": lane i plays sessions i, i + N, ...; "pool": every lane takes the next
-    # session from one seeded shuffle of them all (AIPerf's rule), whichever lane is free.
-    session_order: Literal["pinned", "pool"] = "pinned"
+    # session from one seeded shuffle of them all, whichever lane is free; "sequential":
+    # the same, in trace order, wrapping (AIPerf's SequentialSampler for WEKA traces).
+    session_order: Literal["pinned", "pool", "sequential"] = "pinned"
+    # Where a lane's first recycled play starts: "turn" (a main turn drawn from
+    # start_range, primed and warmed by warmup_turns) or "time" (AIPerf's: an instant
+    # drawn as AIPerf draws it from start_range of the session's recorded span, every
+    # agent live then primed with its last request before it; ``plan.plan_play_at``).
+    start_at: Literal["turn", "time"] = "turn"
     preset: str | None = None  # the methodology that set these (``--preset``), if any
     # "stamped": agentload's transport with kernel receive stamps (http:// targets);
     # "aiohttp": httpx-aiohttp (also used for https:// targets).
@@ -192,6 +203,12 @@ class ReplayEngine:
         self.cache_model = PrefixCacheModel(target.kv_block_size or trace.block_size)
         self._t0_ns = 0
         self._deadline_ns: int | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        # AIPerf's warm-up (``start_at="time"`` with recycling): resolved when every
+        # priming request of the lanes' first plays is done; None otherwise.
+        self._warm_done: asyncio.Future[int] | None = None
+        self._warm_left = 0
+        self._warm_primed = 0
         self._sent = self._completed = self._failed = self._skipped = 0
         self._warmup_sent = 0
         self._cut = 0
@@ -215,6 +232,9 @@ class ReplayEngine:
         self._shared_ids = (shared_block_ids(trace) if options.cache_bust
                             == "after-shared-prefix" else frozenset[int]())
         self._marker_at: dict[str, dict[str, int]] = {}
+        # Per session, under --aiperf-compatible: each request's chat messages.
+        self._sessions = {s.id: s for s in trace.sessions}
+        self._segments: dict[str, Mapping[str, tuple[tuple[str, int], ...]]] = {}
         self._declared_prefix = declared_prefix_blocks(trace)
         # With recycling the run is bounded by time or a request count, not by the trace.
         planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
@@ -250,30 +270,44 @@ class ReplayEngine:
         self._closed = asyncio.Event()
         if self._stop_reason is not None:
             self._closed.set()
-        deadline = None
-        if self.options.duration_s is not None:
-            self._deadline_ns = int(self.options.duration_s * 1e9)
-            deadline = asyncio.get_running_loop().call_later(self.options.duration_s,
-                                                             self._closed.set)
+        firsts: list[Play | None] = [None] * self.options.users
+        if self.options.recycle and self.options.start_at == "time":
+            self._warm_done = asyncio.get_running_loop().create_future()
+        if self.options.duration_s is not None and self._warm_done is None:
+            self._start_clock()
         self.journal.write_event("replay_start", 0, users=self.options.users,
                                  recycle=self.options.recycle)
         sessions = list(self.trace.sessions)
         if self.options.open_loop:
             # Every session is its own user, started at its first request's arrival.
             lanes: list[Iterator[Session]] = [iter([s]) for s in sessions]
-        elif self.options.session_order == "pool":
-            pool = self._pool(sessions)
+        elif self.options.session_order in ("pool", "sequential"):
+            pool = (self._sequential(sessions) if self.options.session_order
+                    == "sequential" else self._pool(sessions))
             lanes = [pool] * self.options.users  # one iterator: a free lane takes the next
         elif self.options.recycle:
             lanes = [self._recycled(i, sessions) for i in range(self.options.users)]
         else:
             lanes = [iter(sessions[i:: self.options.users]) for i in range(self.options.users)]
+        if self._warm_done is not None:
+            # AIPerf's phases: every lane's first play is planned now, in lane order (its
+            # sampler's draws); the warm-up (their priming requests) runs first, and the
+            # measured requests and the --duration clock start once all of it is done.
+            for i, lane_sessions in enumerate(lanes):
+                session = next(lane_sessions, None)
+                if session is not None:
+                    firsts[i] = self._plan(i, 0, session)
+            self._warm_left = sum(p.requests[k].prime for p in firsts if p is not None
+                                  for k in range(len(p.requests)))
+            if not self._warm_left:
+                self._warmed()
         try:
-            await asyncio.gather(*(self._lane(i, lane) for i, lane in enumerate(lanes)))
+            await asyncio.gather(*(self._lane(i, lane, firsts[i])
+                                   for i, lane in enumerate(lanes)))
         finally:
             self._finished = True
-            if deadline is not None:
-                deadline.cancel()
+            if self._deadline is not None:
+                self._deadline.cancel()
         stop_reason = self._why_stopped()
         self.live.finish(self.now_ns(), stop_reason)
         cut_reason = None
@@ -286,6 +320,24 @@ class ReplayEngine:
         self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
         return outcome
 
+    def _start_clock(self) -> None:
+        """Start ``--duration`` now: nothing is sent once it has run out."""
+        assert self._closed is not None and self.options.duration_s is not None
+        self._deadline_ns = self.now_ns() + int(self.options.duration_s * 1e9)
+        self._deadline = asyncio.get_running_loop().call_later(self.options.duration_s,
+                                                               self._closed.set)
+
+    def _warmed(self) -> None:
+        """The warm-up of the first plays is done: measured requests may go (they wait on
+        ``WARM_BARRIER``) and ``--duration`` starts counting (AIPerf's profiling phase)."""
+        assert self._warm_done is not None
+        now = self.now_ns()
+        self.journal.write_event("warmup_done", now, primes=self._warm_primed)
+        if self.options.duration_s is not None:
+            self._start_clock()
+        if not self._warm_done.done():
+            self._warm_done.set_result(now)
+
     def _pool(self, sessions: list[Session]) -> Iterator[Session]:
         """One seeded shuffle of the sessions, drawn from by every lane: once each, or
         (with recycling) a fresh shuffle each time the pool runs dry."""
@@ -294,6 +346,15 @@ class ReplayEngine:
             order = list(sessions)
             rng.shuffle(order)
             yield from order
+            if not self.options.recycle:
+                return
+
+    def _sequential(self, sessions: list[Session]) -> Iterator[Session]:
+        """The sessions in trace order, drawn from by every lane: once each, or (with
+        recycling) round and round (AIPerf's SequentialSampler: the first N draws are
+        lanes 0..N-1's first plays, then each finished lane takes the next)."""
+        while True:
+            yield from sessions
             if not self.options.recycle:
                 return
 
@@ -311,12 +372,31 @@ class ReplayEngine:
         if not self.options.recycle:
             return plan_play(session, lane, index, marker=marker, marker_at=marker_at)
         start = 0
+        if index == 0 and self.options.start_at == "time":
+            at_s = aiperf_start_s(self.options.seed, session, lane, self.options.start_range)
+            if at_s is not None:
+                return plan_play_at(session, lane, index, start_s=at_s, marker=marker,
+                                    marker_at=marker_at, barrier=WARM_BARRIER)
         if index == 0:
             lo, hi = self.options.start_range
             start = int(self._rng.uniform(lo, hi) * main_turns(session))
         return plan_play(session, lane, index, start_turn=start,
                          warmup_turns=self.options.warmup_turns, marker=marker,
                          marker_at=marker_at)
+
+    def _chat_segments(self, req: Request) -> tuple[tuple[str, int], ...] | None:
+        """AIPerf's chat messages for ``req`` (``plan.chat_segments``), under
+        ``--aiperf-compatible`` with canned outputs; None: one user message."""
+        if not self.options.aiperf_compatible or self.options.output_mode != "canned":
+            return None
+        session = self._sessions.get(req.session_id)
+        if session is None:
+            return None
+        found = self._segments.get(session.id)
+        if found is None:
+            found = self._segments[session.id] = chat_segments(
+                session, self._marker_positions(session), self.trace.block_size)
+        return found.get(req.id.removesuffix(PRIME_SUFFIX))
 
     def _marker_positions(self, session: Session) -> dict[str, int]:
         found = self._marker_at.get(session.id)
@@ -325,14 +405,19 @@ class ReplayEngine:
                 session, self._shared_ids, self._declared_prefix.get(session.id))
         return found
 
-    async def _lane(self, lane: int, sessions: Iterator[Session]) -> None:
-        for index, session in enumerate(sessions):
+    async def _lane(self, lane: int, sessions: Iterator[Session],
+                    first: Play | None = None) -> None:
+        plays: Iterator[Session | Play] = (itertools.chain([first], sessions)
+                                           if first is not None else sessions)
+        for index, next_play in enumerate(plays):
+            session = next_play.session if isinstance(next_play, Play) else next_play
             if self._dispatch_closed(self.now_ns()):
                 if not self.options.recycle:
                     self._skipped += len(session.requests)
                     continue
                 return
-            play = self._plan(lane, index, session)
+            play = (next_play if isinstance(next_play, Play)
+                    else self._plan(lane, index, session))
             if index:
                 self.journal.write_event("recycle", self.now_ns(), lane=lane, play=index,
                                          session=session.id)
@@ -353,6 +438,8 @@ class ReplayEngine:
         loop = asyncio.get_running_loop()
         done: dict[str, asyncio.Future[int]] = {p.request.id: loop.create_future()
                                                 for p in play.requests}
+        if self._warm_done is not None:
+            done[WARM_BARRIER] = self._warm_done
         scale = self.options.time_scale
         threads = _Threads(play) if self.options.output_mode == "actual" else None
         # Arrivals are not-before times: from the run's start in open loop, from the
@@ -400,6 +487,11 @@ class ReplayEngine:
                                 planned.phase)
                 if not done[req.id].done():
                     done[req.id].set_result(self.now_ns())
+                if planned.prime and self._warm_left > 0:
+                    self._warm_left -= 1
+                    self._warm_primed += 1
+                    if not self._warm_left:
+                        self._warmed()
 
         await asyncio.gather(*(step(t, p) for t, p in enumerate(play.requests)))
 
@@ -442,7 +534,10 @@ class ReplayEngine:
             self.options.output_mode == "actual") else {}
         if self.options.api == "chat":
             # Chat endpoints take text only: deterministic words per block, one user turn.
-            prompt: dict[str, Any] = {"messages": self.texts.messages(req.blocks)}
+            segments = self._chat_segments(req)
+            prompt: dict[str, Any] = {"messages": (
+                self.texts.messages(req.blocks) if segments is None
+                else self.texts.messages_in(req.blocks, segments))}
         else:
             prompt = {"prompt": self.prompts.prompt(req.blocks)}
         # AIPerf's chat requests name the output bound max_completion_tokens and leave

@@ -156,8 +156,10 @@ def summarize(
         "output_throughput_tok_s": osl_sum / window_s if window_s > 0 else None,
         "throughput_per_gpu_tok_s": ((isl_sum + osl_sum) / window_s / gpus
                                      if window_s > 0 and gpus > 0 else None),
-        "theoretical_prefix_cache_hit_rate": (int(ok["theoretical_cached_tokens"].sum())
-                                              / isl_sum if isl_sum else None),
+        # Theoretical hits are counted in the requested prompt's tokens, so they are a
+        # share of the requested ISL (the server's count differs: chat rendering and its
+        # template), never more than 100 %.
+        "theoretical_prefix_cache_hit_rate": _theoretical(ok),
         # From each response's usage.prompt_tokens_details.cached_tokens, when the server
         # reports it (vLLM with --enable-prompt-tokens-details).
         "usage_cached_tokens_rate": (int(ok["cached_tokens"].sum()) / isl_sum
@@ -179,10 +181,16 @@ def summarize(
     return out
 
 
+def _theoretical(ok: pl.DataFrame) -> float | None:
+    """Theoretical prefix hits over the requested ISL of ``ok``'s requests: both counted
+    in the replay's own blocks (dividing by the server's ISL mixed units and gave rates
+    over 100 % when the server counted fewer tokens than were requested)."""
+    requested = int(ok["isl_requested"].sum())
+    return int(ok["theoretical_cached_tokens"].sum()) / requested if requested else None
+
+
 def _all_phases_theoretical(frame: pl.DataFrame) -> float | None:
-    sent = frame.filter(pl.col("ok"))
-    isl = int(sent["isl"].fill_null(sent["isl_requested"]).sum())
-    return int(sent["theoretical_cached_tokens"].sum()) / isl if isl else None
+    return _theoretical(frame.filter(pl.col("ok")))
 
 
 def _group_view(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:

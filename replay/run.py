@@ -69,7 +69,7 @@ from agentload.replay.metrics import (
 )
 from agentload.replay.profile_window import ProfileWindowLog, run_profile_window
 from agentload.replay.prompts import (
-    CALIBRATION_BLOCK,
+    CALIBRATION_BLOCKS,
     DEFAULT_TOKEN_ID_RANGE,
     TextPrompts,
     words_per_token,
@@ -222,7 +222,8 @@ def detect_token_id_range(base_url: str, model: str, api_key: str | None,
 def calibrate_words(base_url: str, model: str, api_key: str | None,
                     timeout_s: float = 30.0) -> tuple[float, str]:
     """Words per token for chat prompts, measured with the server's /tokenize."""
-    sample = TextPrompts(0).text([CALIBRATION_BLOCK])
+    sample = TextPrompts(0).text(CALIBRATION_BLOCKS)
+    words = sum(b.tokens for b in CALIBRATION_BLOCKS)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
@@ -233,7 +234,7 @@ def calibrate_words(base_url: str, model: str, api_key: str | None,
         count = 0
     if count <= 0:
         return 1.0, "no /tokenize on the target: one word per token assumed"
-    return words_per_token(count), f"/tokenize: {CALIBRATION_BLOCK.tokens} words = {count} tokens"
+    return words_per_token(count, words), f"/tokenize: {words} words = {count} tokens"
 
 
 def _prepare_run_dir(run_dir: Path) -> None:
@@ -600,6 +601,7 @@ def traffic_rules(run: dict[str, Any]) -> dict[str, Any]:
         "pause_cap_s": fit.get("pause_cap_s"),
         "idle_cap_s": options.get("idle_cap_s"),
         "session_order": options.get("session_order", "pinned"),
+        "start_at": options.get("start_at", "turn"),
         "cache_bust": options.get("cache_bust", "head"),
         "grace_s": options.get("grace_s"),
         "api": options.get("api", "completions"),

@@ -358,15 +358,15 @@ def test_aiperf_compatible_expands_to_aiperfs_rules(capsys: pytest.CaptureFixtur
     chosen = with_aiperf(True, None, None, None, None, "pinned", None)
     assert chosen == AIPERF == Traffic(pauses="end-to-start", idle_cap=10.0,
                                        cache_bust="after-shared-prefix", api="chat",
-                                       session_order="pool", pause_cap=None)
+                                       session_order="sequential", pause_cap=None)
     said = capsys.readouterr().err
     assert said.strip() == (
-        "aiperf-compatible: --pauses end-to-start, --idle-cap 10, --session-order pool, "
-        "--cache-bust after-shared-prefix, no --pause-cap, --api chat (streaming, "
+        "aiperf-compatible: --pauses end-to-start, --idle-cap 10, --session-order "
+        "sequential, --cache-bust after-shared-prefix, no --pause-cap, --api chat (streaming, "
         "max_completion_tokens, ignore_eos, no temperature)")
     # Explicit flags win.
     assert with_aiperf(True, "trace", 3.0, "head", "completions", "pinned", 60.0) == Traffic(
-        "trace", 3.0, "head", "completions", "pool", 60.0)
+        "trace", 3.0, "head", "completions", "sequential", 60.0)
     # Off: today's defaults.
     assert with_aiperf(False, None, None, None, None, "pinned", None) == Traffic(
         "trace", None, "head", "completions", "pinned", None)
@@ -393,5 +393,5 @@ def test_aiperf_compatible_on_the_command_line_says_what_it_applied() -> None:
     done = run_cli("replay", str(DATA / "weka"), "--target", "http://127.0.0.1:9",
                    "--aiperf-compatible", "--idle-cap", "5", timeout=120)
     assert done.returncode != 0  # nothing listens there
-    assert ("aiperf-compatible: --pauses end-to-start, --idle-cap 5, --session-order pool, "
-            "--cache-bust after-shared-prefix, no --pause-cap") in done.stderr
+    assert ("aiperf-compatible: --pauses end-to-start, --idle-cap 5, --session-order "
+            "sequential, --cache-bust after-shared-prefix, no --pause-cap") in done.stderr
