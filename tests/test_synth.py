@@ -253,6 +253,20 @@ def test_agentx_prefix_cache_hit_rate_is_high(agentx_200: Trace) -> None:
     assert 0.85 < rate < 0.95
 
 
+def test_agentx_preset_holds_the_figures_it_was_fitted_to() -> None:
+    """The preset lives in its TOML only; these are the WEKA figures it must keep."""
+    cfg = agentx_coding()
+    assert (cfg.name, cfg.sessions, cfg.system_blocks, cfg.max_context) == (
+        "agentx-coding", 32, 240, 200_000)
+    assert cfg.first_message_blocks == LogNormal(150, 2.4, 1, 1600)
+    assert cfg.output_tokens == LogNormal(284, 0.88, 16, 4096)
+    assert cfg.pause_s == LogNormal(16.0, 1.6, 1.0, 600.0)
+    assert (cfg.subagent_probability, cfg.subagent_fanout) == (0.25, Uniform(1, 2))
+    assert cfg.subagent_first_tool_result_blocks == Uniform(782, 789)
+    # Another block size re-expresses the same token lengths.
+    assert agentx_coding(block_size=128).system_blocks == 120
+
+
 def test_example_toml_spells_out_the_preset() -> None:
     assert make_config("demo", EXAMPLE_TOML) == agentx_coding()
     assert make_config(None, EXAMPLE_TOML) == agentx_coding()
