@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -172,6 +172,9 @@ class EngineOutcome:
     idle_cap_shifted_s: float = 0.0
 
 
+# How long after the system goes idle the idle cap is checked (``IdleCap.defer``).
+SETTLE_S = 0.005
+
 # The reason a cut request is journaled with (error_kind "grace").
 CUT_KIND = "grace"
 
@@ -227,7 +230,7 @@ class ReplayEngine:
         # The client's own health (stamp error, events per read, loop lag) for summary.json.
         self.diagnostics = ClientDiagnostics()
         self._ttft_s: list[float] = []
-        self.pacer = IdleCap(options.idle_cap_s, self._idle_shift)
+        self.pacer = IdleCap(options.idle_cap_s, self._idle_shift, self._after_follow_ups)
         # Per session: where each request's marker goes (after the shared prefix).
         self._shared_ids = (shared_block_ids(trace) if options.cache_bust
                             == "after-shared-prefix" else frozenset[int]())
@@ -258,6 +261,11 @@ class ReplayEngine:
         self._client_reasons = tuple(figures.get("saturation_reasons") or ())
         self.journal.write_event("client", t_ns, final=final, **compact)
         self.live.client_sample(t_ns, compact, final)
+
+    def _after_follow_ups(self, check: Callable[[], None]) -> None:
+        """Run ``check`` once what a finished request releases (its dependants, the lane's
+        next play) has queued its send: a few loop turns, well inside ``SETTLE_S``."""
+        asyncio.get_running_loop().call_later(SETTLE_S, check)
 
     def _idle_shift(self, shift: Shift) -> None:
         self.journal.write_event("idle_cap", self.now_ns(), idle_since_ns=shift.idle_since_ns,

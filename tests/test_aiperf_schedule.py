@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -239,3 +240,33 @@ def test_chat_messages_follow_aiperfs_turn_structure_and_extend_each_other() -> 
                            segs[second.id])
     assert [m["role"] for m in m1][:2] == ["system", "user"]
     assert m2[:2] == m1[:2] and m1[1]["content"].startswith(texts.text([marker]))
+
+
+def test_the_idle_cap_waits_for_what_a_return_releases_before_it_pulls() -> None:
+    # Seen in a run: the last request ended, the cap pulled a lane's 30 s wait forward
+    # before the next request of the finished chain (due 5.5 s later) was a timer.
+    # AIPerf checks after the return's follow-ups are dispatched; so does agentload.
+    from agentload.replay.pacing import IdleCap
+
+    s = 1_000_000_000
+    checks: list[Callable[[], None]] = []
+    cap = IdleCap(10.0, defer=checks.append)
+    cap.start(0)
+    cap.sending()
+    far = cap.add(40 * s)
+    cap.finished(16 * s)
+    assert far.due_ns == 40 * s and len(checks) == 1  # not yet
+    near = cap.add(int(21.5 * s))  # the finished chain's next request
+    checks.pop()()
+    assert (far.due_ns, near.due_ns, cap.shifts) == (40 * s, int(21.5 * s), 0)
+    # With nothing near, the deferred check pulls as before.
+    cap.remove(near)
+    cap.sending()
+    cap.finished(30 * s)
+    checks.pop()()
+    assert far.due_ns == 40 * s  # within 10 s of 30 s: left alone
+    cap.sending()
+    cap.finished(25 * s)
+    late = cap.add(60 * s)
+    checks.pop()()
+    assert (far.due_ns, late.due_ns) == (35 * s, 55 * s)
