@@ -43,8 +43,9 @@ async def test_tokens_stamps_and_usage() -> None:
     assert res.chunks == 5 and res.client_tokens == 5
     assert (res.prompt_tokens, res.completion_tokens, res.cached_tokens) == (640, 5, 576)
     assert res.sent_ns < res.first_token_ns < res.last_token_ns <= res.done_ns
-    # Five chunks 20 ms apart: the last token arrives ~80 ms after the first.
-    assert 0.06 < (res.last_token_ns - res.first_token_ns) / 1e9 < 0.5
+    # Five chunks 20 ms apart: the last token arrives at least ~80 ms after the first
+    # (no upper bound: a loaded host only delays it).
+    assert (res.last_token_ns - res.first_token_ns) / 1e9 > 0.075
 
 
 async def test_events_split_across_reads_and_several_per_read() -> None:

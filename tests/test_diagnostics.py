@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,12 @@ def test_the_probe_reads_the_loops_run_queue_wait() -> None:
         d.stop()
         task.cancel()
 
+    t0 = time.monotonic()
     asyncio.run(run())
+    wall_s = time.monotonic() - t0
     s = d.summary()
-    assert s["os_wait_s"] is not None and 0 <= s["os_wait_max_s"] <= s["os_wait_s"] < 1.0
-    assert len(d.loop_lag_ns) >= 10 and s["starved_by_os"] in (True, False)
+    # A thread cannot wait in the run queue longer than the time that passed (a busy CI
+    # host has shown waits of 2.5 s, so no fixed bound holds).
+    assert s["os_wait_s"] is not None and 0 <= s["os_wait_max_s"] <= s["os_wait_s"] <= wall_s
+    assert len(d.loop_lag_ns) >= 10
+    assert s["starved_by_os"] == starved_by_os(s)  # the verdict follows its own figures

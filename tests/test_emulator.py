@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -107,7 +108,9 @@ def test_emulator_counts_its_cpu(emu: str) -> None:
     asyncio.run(_streams(emu, 10, 150))  # ~1.5 s of steps: at least one CPU sample
     assert time.monotonic() - t > 1.0
     stats = emulator_stats(emu)
-    assert stats["cpu_samples"] >= 1 and 0.0 <= stats["cpu_max"] < 0.85
+    # A share of cores: the emulator did work, and no more than the host has (not a
+    # bound on how busy it was, which depends on the host's load).
+    assert stats["cpu_samples"] >= 1 and 0.0 < stats["cpu_max"] <= (os.cpu_count() or 1)
 
 
 def test_middle_events_match_the_first_ones_byte_for_byte(emu: str) -> None:
