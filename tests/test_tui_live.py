@@ -28,9 +28,9 @@ from agentload.replay.live import (
     JournalPlayback,
     LiveBoard,
     LiveSnapshot,
-    _Intervals,
     weighted_quantile,
 )
+from agentload.replay.live._board import _Intervals
 from agentload.replay.metrics import summarize
 from agentload.replay.server import free_port
 from agentload.traces import Block, Request, Session, Trace
