@@ -116,12 +116,18 @@ def end_to_start_pause(req: Request, session: dict[str, Request]) -> float | Non
 
     ``max(0, t_k - (t_d + api_time_d))`` for the dependency ``d`` that ended last in the
     recording (``api_time`` missing counts as 0; a dependency without a recorded ``t``
-    makes the pause unknown); 0 for a request with no dependency.
+    makes the pause unknown); 0 for a request with no dependency, and 0 for a request
+    that depends on another agent's: a subagent's first request goes at its spawn and a
+    join turn when its last subagent returns (AIPerf's ``timing/branch_orchestrator.py``
+    dispatches FORK children at once and "agentx fires such joins immediately").
     """
     mine = req.recorded
     if mine is None or mine.t is None:
         return None
     if not req.depends_on:
+        return 0.0
+    if any((dep := session.get(d)) is not None and dep.agent_id != req.agent_id
+           for d in req.depends_on):
         return 0.0
     ends = []
     for dep_id in req.depends_on:

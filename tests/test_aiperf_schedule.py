@@ -270,3 +270,19 @@ def test_the_idle_cap_waits_for_what_a_return_releases_before_it_pulls() -> None
     late = cap.add(60 * s)
     checks.pop()()
     assert (far.due_ns, late.due_ns) == (35 * s, 55 * s)
+
+
+def test_end_to_start_spawns_and_joins_subagents_at_once_as_aiperf_does() -> None:
+    from agentload.replay.fit import end_to_start_pause
+
+    session = next(s for s in _mini().sessions if s.id == "trace_0291")
+    by_id = {r.id: r for r in session.requests}
+    # A subagent's first request (recorded 2.96 s after its spawn ended) and the join
+    # turn (0.90 s after the subagent's last request ended) go at once; inside a chain
+    # the recorded gap stays.
+    assert end_to_start_pause(by_id["trace_0291/sa:agent_001/0"], by_id) == 0.0
+    assert end_to_start_pause(by_id["trace_0291/16"], by_id) == 0.0
+    gap = end_to_start_pause(by_id["trace_0291/sa:agent_001/1"], by_id)
+    assert gap is not None and gap > 0
+    assert end_to_start_pause(by_id["trace_0291/5"], by_id) == pytest.approx(
+        47.0 - 12.3125 - (by_id["trace_0291/4"].recorded.api_time or 0.0))  # type: ignore[union-attr]
