@@ -478,6 +478,8 @@ def run_replay(
             journal.write_run(run)
             client = build_http_client(options, target.base_url)
             engine = ReplayEngine(trace_obj, target, options, journal, client)
+            if slo:  # the dashboard shows who met it as the run goes
+                engine.live.header = replace(engine.live.header, slo=tuple(slo.items()))
             say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
                 f"{options.users} users) against {target.label} -> {run_dir}")
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)

@@ -85,3 +85,31 @@ def test_report_of_one_run_refuses_an_output_folder(tmp_path: Path) -> None:
     done = run_cli("report", str(run), "-o", str(tmp_path / "elsewhere"))
     assert done.returncode == 2 and "rebuilt in place" in done.stderr
     assert not (run / "report.html").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_the_dashboard_shows_who_met_the_slo_as_the_summary_does() -> None:
+    """The live board, fed the requests of ``_requests``, says what the summary says."""
+    from agentload.replay.journal import RequestRecord
+    from agentload.replay.live import Header, LiveBoard
+
+    slo = parse_slo("ttft=2s")
+    board = LiveBoard(Header("arm", "t", 1, 2, 0, None, slo=tuple(slo.items())))
+    plain = LiveBoard(Header("arm", "t", 1, 2, 0, None))
+    for lane, ttfts, itl, ok in ((0, (100, 100, 100), 10, (True,) * 3),
+                                 (1, (100, 100, 900, 100), 30, (True, True, True, False))):
+        for i, (ttft, good) in enumerate(zip(ttfts, ok, strict=True)):
+            sent = i * 1000 * MS
+            first = sent + ttft * MS if good else None
+            last = sent + (ttft + 10 * itl) * MS if good else None
+            rec = RequestRecord(f"r{lane}-{i}", f"s{lane}", lane, "main", i, "measure", sent,
+                                sent, first, last, last or sent + MS, 10, 11, 10,
+                                11 if good else None, "server", None, 0, 11, good,
+                                200 if good else 500, None if good else "boom",
+                                error_kind=None if good else "http")
+            board.finished(rec)
+            plain.finished(rec)
+    text = board.publish(10_000 * MS).totals.slo_text
+    # The window runs from the first send to the last token: 0 to 3.2 s.
+    assert text == ("SLO (ttft <= 2 s): 85.7% of requests, goodput 1.88 req/s, 20.6 tok/s, "
+                    "users 50%, sessions 50% met it")
+    assert plain.publish(10_000 * MS).totals.slo_text is None

@@ -176,6 +176,8 @@ class Headline(TextPanel):
         spec = spec_text(snap.server)
         if spec:
             extra.append(f" · {spec}")
+        if t.slo_text:
+            extra.append(f" · {t.slo_text}")
         # The client's own reasons are on the client line below; not twice.
         client = set(snap.client.reasons) if snap.client is not None else set()
         reasons = [r for r in t.reasons if r not in client]

@@ -226,7 +226,11 @@ class LiveBoard:
         self._e2e_tok = _Floats()
         self._lane_of = _Floats()
         self._session_of = _Floats()
+        self._osl_of = _Floats()
         self._session_ids: dict[str, int] = {}
+        # Failed measured requests' (lane, session): a user or session with one misses
+        # the SLO (replay/slo.py's rule).
+        self._failed_groups: list[tuple[int, int]] = []
         self._decoding = _Intervals()
         self._osl_sum = self._isl_sum = self._decode_tokens = 0
         self._osl_exact = 0
@@ -352,6 +356,7 @@ class LiveBoard:
             self._failed += 1
             kind = rec.error_kind or "error"
             self._errors[kind] = self._errors.get(kind, 0) + 1
+            self._failed_groups.append((rec.lane, self._session_id(rec)))
             self.event(rec.done_ns, "error", f"lane {rec.lane} {rec.request_id}: "
                        f"{rec.error or kind}", "error")
             self._new_since_headline = True
@@ -368,9 +373,8 @@ class LiveBoard:
         self._itl.append(math.nan if itl is None else itl)
         self._e2e_tok.append((rec.last_token_ns - rec.sent_ns) / 1e9 / osl if osl else math.nan)
         self._lane_of.append(rec.lane)
-        sid = self._session_ids.setdefault(f"{rec.lane}/{rec.play}/{rec.session_id}",
-                                           len(self._session_ids))
-        self._session_of.append(sid)
+        self._session_of.append(self._session_id(rec))
+        self._osl_of.append(osl)
         if osl >= 2:
             self._decoding.add(rec.first_token_ns, rec.last_token_ns)
             self._decode_tokens += osl - 1
@@ -503,7 +507,38 @@ class LiveBoard:
             s.bin_code = now
         self._strips = None
 
+    def _session_id(self, rec: RequestRecord) -> int:
+        return self._session_ids.setdefault(f"{rec.lane}/{rec.play}/{rec.session_id}",
+                                            len(self._session_ids))
+
     # -- publishing ---------------------------------------------------------------------
+
+    def _slo_text(self, window_s: float) -> str | None:
+        """``--slo`` attainment over the requests finished so far, by the summary's own
+        rules (``slo.slo_summary``), so the dashboard and summary.json agree at the end."""
+        if not self.header.slo:
+            return None
+        import polars as pl
+
+        from agentload.replay.slo import slo_line, slo_summary
+
+        failed = self._failed_groups
+        ok = self._done
+        lanes = [*self._lane_of.view().astype(np.int64).tolist(), *(g[0] for g in failed)]
+        sessions = [*self._session_of.view().astype(np.int64).tolist(),
+                    *(g[1] for g in failed)]
+        osl = self._osl_of.view()
+        nan = [math.nan] * len(failed)
+        frame = pl.DataFrame({
+            "ok": [True] * ok + [False] * len(failed),
+            "osl": [*osl.astype(np.int64).tolist(), *([0] * len(failed))],
+            "ttft_s": pl.Series([*self._ttft.view().tolist(), *nan], nan_to_null=True),
+            "itl_s": pl.Series([*self._itl.view().tolist(), *nan], nan_to_null=True),
+            "e2el_s": pl.Series([*(self._e2e_tok.view() * osl).tolist(), *nan],
+                                nan_to_null=True),
+            "lane": lanes, "play": [0] * len(lanes), "session_id": sessions,
+        })
+        return slo_line(slo_summary(frame, dict(self.header.slo), window_s or None))
 
     def _compute_headlines(self) -> None:
         itl, ttft, e2e = self._itl.view(), self._ttft.view(), self._e2e_tok.view()
@@ -540,7 +575,7 @@ class LiveBoard:
             warmup_done=self._warmup_done,
             errors_by_kind=tuple(sorted(self._errors.items())), osl_exact_fraction=exact,
             verdict=verdict["verdict"] if self._done + self._failed else "no data",
-            reasons=tuple(verdict["reasons"]))
+            reasons=tuple(verdict["reasons"]), slo_text=self._slo_text(window))
 
     def _lane_view(self, lane: int, s: _Lane) -> LaneView:
         if s.p90_stale:

@@ -33,7 +33,8 @@ def header_from_run(meta: dict[str, Any], run_dir: Path | None = None,
                   gpus=int(target.get("gpus") or 1), users=users, requests_total=total,
                   duration_s=options.get("duration_s"), mode=mode,
                   run_dir=None if run_dir is None else str(run_dir),
-                  recycle=bool(options.get("recycle")))
+                  recycle=bool(options.get("recycle")),
+                  slo=tuple((str(k), float(v)) for k, v in (meta.get("slo_s") or {}).items()))
 
 
 _Item = tuple[int, int, str, Any]  # (t_ns, order, kind, payload)

@@ -79,6 +79,8 @@ class Header:
     run_dir: str | None = None
     recycle: bool = False
     """Lanes recycle through sessions (--recycle); else each plays its share once."""
+    slo: tuple[tuple[str, float], ...] = ()
+    """The run's ``--slo`` bounds (name, seconds), in the order given; () for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class Totals:
     osl_exact_fraction: float | None = None
     verdict: str = "no data"
     reasons: tuple[str, ...] = ()
+    slo_text: str | None = None
+    """Who met the ``--slo`` so far, as the console says it (``slo.slo_line``)."""
 
 
 @dataclass(frozen=True, slots=True)
