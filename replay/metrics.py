@@ -36,7 +36,8 @@ DEFINITIONS = {
                                     "vllm:prefix_cache_queries over the run (tokens)",
     "theoretical_prefix_cache_hit_rate": "sum of prompt tokens an infinite prefix cache "
                                          "would hold at send time (leading blocks already "
-                                         "sent earlier in the run) / sum(ISL_i)",
+                                         "sent earlier in the run) / the sum of their "
+                                         "requested ISL (the same blocks, so <= 100 %)",
     "theoretical_prefix_cache_hit_rate_all": "the same over every successful request the "
                                              "server saw, warmup included (compare with "
                                              "server_prefix_cache_hit_rate)",
