@@ -576,5 +576,5 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
             lines.append(f"  the server's own mean TTFT moved {min(srv):.1f}-{max(srv):.1f} "
                          f"ms between runs ({max(srv) / min(srv) - 1:.0%}): the part of any "
                          "TTFT gap that no client can remove")
-    lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:160]}")
+    lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:240]}")
     return lines

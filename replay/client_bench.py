@@ -394,10 +394,9 @@ def aiperf_status() -> str | None:
     """Why AIPerf cannot run here, or ``None`` when its CLI is installed."""
     if shutil.which("aiperf") or Path(sys.executable).with_name("aiperf").is_file():
         return None
-    return ("aiperf is not installed: aiperf 0.13.0 is on the registry but not light (it "
-            "pins textual~=5.3, orjson~=3.11.7 and pandas~=2.3 against this project's "
-            "textual==8.2.8 and orjson 3.13, and pulls dash, kubernetes, matplotlib, "
-            "transformers, datasets and optuna), so it is not installed into this venv")
+    return ("aiperf runs from its own virtualenv (it pins textual, orjson and pandas against "
+            "this project's): `make peers` builds .peers/aiperf, and `agentload bench agree "
+            "--peer aiperf --trace DIR` runs it side by side with agentload")
 
 
 def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
