@@ -8,6 +8,7 @@
 #   STEP=served   ARMS="moe-eager moe-fullgraph" AGREE=1   each arm served in turn: a profiled
 #                                                          replay (bench agree on the first),
 #                                                          then profile diff of the two
+#                                                          (REPLAY=0: bench agree alone)
 #
 # Everything comes back under $OUT as a few tarballs (the device returns at most 8 files).
 set -u
@@ -73,14 +74,13 @@ if [ "$STEP" = served ]; then  # each of ARMS served in turn: a profiled replay;
   first=1
   for ARM in ${ARMS:-${ARM:-moe-fullgraph}}; do
     if serve_arm "$ARM"; then
-      log "replay $ARM (profiled)"
-      timeout "${LIMIT:-150}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 \
+      [ "${REPLAY:-1}" = 1 ] && log "replay $ARM (profiled)" && timeout "${LIMIT:-150}" python3 -P -m agentload replay tests/data/weka --target http://127.0.0.1:8011 \
          "${TRACE_ARGS[@]:2}" --duration "${DURATION:-35}" --profile-window 20:23 --headless \
          -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
       if [ "${AGREE:-0}" = 1 ] && [ "$first" = 1 ]; then
         log "bench agree against vllm bench serve"
         timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
-           --requests "${AGREE_REQUESTS:-128}" --runs 3 --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
+           --requests "${AGREE_REQUESTS:-128}" --runs "${AGREE_RUNS:-3}" --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
         python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
            "$RUNS/agree-$ARM.json" 2>&1 | tee -a "$OUT/agree.txt"
       fi
