@@ -264,7 +264,9 @@ def _load(trace: Trace | Path, fmt: str, say: Say) -> tuple[Trace, str, str]:
 def progress_line(snap: ProgressSnapshot) -> str:
     p90 = fmt(snap.p90_interactivity_tok_s, "tok/s")
     eta = f"{snap.eta_s:.0f} s" if snap.eta_s is not None else "?"
-    line = (f"[{snap.elapsed_s:6.1f} s] requests {snap.requests_done}/{snap.requests_total} "
+    # A recycling run bounded by time has no request total: "?" as the dashboard says.
+    total = snap.requests_total or "?"
+    line = (f"[{snap.elapsed_s:6.1f} s] requests {snap.requests_done}/{total} "
             f"done, {snap.in_flight} in flight, users active {snap.users_active}/{snap.users}, "
             f"P90 interactivity {p90}, errors {snap.requests_failed}, ETA {eta}")
     if snap.invalid_reasons:  # said as soon as it happens, not only in summary.json
@@ -480,7 +482,10 @@ def run_replay(
             engine = ReplayEngine(trace_obj, target, options, journal, client)
             if slo:  # the dashboard shows who met it as the run goes
                 engine.live.header = replace(engine.live.header, slo=tuple(slo.items()))
-            say(f"replaying {trace_obj.name} ({engine.total_requests} requests, "
+            planned = (f"{engine.total_requests} requests" if engine.total_requests else
+                       f"sessions recycled for {options.duration_s:g} s" if options.duration_s
+                       else "sessions recycled")
+            say(f"replaying {trace_obj.name} ({planned}, "
                 f"{options.users} users) against {target.label} -> {run_dir}")
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
             run["gpu_telemetry"] = gpu_note

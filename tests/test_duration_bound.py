@@ -108,3 +108,7 @@ def test_headless_progress_says_when_the_run_turns_invalid() -> None:
     line = progress_line(ProgressSnapshot(**base, invalid_reasons=(  # type: ignore[arg-type]
         "error rate 33.3% > 10%",)))
     assert line.endswith("| INVALID: error rate 33.3% > 10%")
+    assert "requests 4/10 done" in line
+    # A recycling run bounded by time has no total: "?", not "/0".
+    bounded = progress_line(ProgressSnapshot(**{**base, "requests_total": 0}))  # type: ignore[arg-type]
+    assert "requests 4/? done" in bounded
