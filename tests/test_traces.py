@@ -20,6 +20,7 @@ from agentload.traces import (
     write_trace,
 )
 from agentload.traces.model import prefix_hit_tokens, theoretical_prefix_hits
+from tests.conftest import run_cli
 
 seconds_st = st.floats(0, 1e6, allow_nan=False)
 blocks_st = st.lists(st.builds(Block, id=st.integers(0, 10**9), tokens=st.integers(1, 512)),
@@ -134,3 +135,13 @@ def test_trace_meta_survives_both_native_forms(tmp_path: Path) -> None:
     for name in ("m.jsonl", "m.parquet"):
         save_trace(trace, tmp_path / name)
         assert load_native(tmp_path / name).meta == trace.meta
+
+
+def test_import_help_flows_source_wrapped_text_into_paragraphs() -> None:
+    from agentload.traces.cli import flowed
+
+    assert flowed("one\ntwo  three\n\nfour\nfive") == "one two three\n\nfour five"
+    result = run_cli("traces", "import", "weka", "--help")
+    # Rich wraps the help itself: no line of the mapping breaks after one word.
+    body = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    assert not [line for line in body if line in ("Main", "kind", "first", "counts from")]

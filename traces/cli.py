@@ -57,25 +57,32 @@ def _import(fmt: str, src: Path, output: Path, options: ImportOptions) -> None:
         typer.echo(f"  note: {note}")
 
 
+def flowed(text: str) -> str:
+    """Source-wrapped help text as paragraphs the terminal wraps itself (each paragraph's
+    line breaks become spaces; blank lines between paragraphs stay)."""
+    return "\n\n".join(" ".join(part.split()) for part in text.split("\n\n"))
+
+
 def _register_import_commands() -> None:
     weka, mooncake, dynamo, messages = (FORMATS[n] for n in
                                         ("weka", "mooncake", "dynamo", "openai-messages"))
 
-    @import_app.command("weka", help=f"{weka.summary}.\n\n{weka.mapping}")
+    @import_app.command("weka", help=f"{weka.summary}.\n\n{flowed(weka.mapping)}")
     def import_weka(src: SrcArg, output: OutOpt, name: NameOpt = None) -> None:
         _import("weka", src, output, ImportOptions(name=name))
 
-    @import_app.command("mooncake", help=f"{mooncake.summary}.\n\n{mooncake.mapping}")
+    @import_app.command("mooncake", help=f"{mooncake.summary}.\n\n{flowed(mooncake.mapping)}")
     def import_mooncake(src: SrcArg, output: OutOpt, block_size: BlockSizeOpt = None,
                         name: NameOpt = None) -> None:
         _import("mooncake", src, output, ImportOptions(block_size=block_size, name=name))
 
-    @import_app.command("dynamo", help=f"{dynamo.summary}.\n\n{dynamo.mapping}")
+    @import_app.command("dynamo", help=f"{dynamo.summary}.\n\n{flowed(dynamo.mapping)}")
     def import_dynamo(src: SrcArg, output: OutOpt, block_size: BlockSizeOpt = None,
                       name: NameOpt = None) -> None:
         _import("dynamo", src, output, ImportOptions(block_size=block_size, name=name))
 
-    @import_app.command("openai-messages", help=f"{messages.summary}.\n\n{messages.mapping}")
+    @import_app.command("openai-messages",
+                        help=f"{messages.summary}.\n\n{flowed(messages.mapping)}")
     def import_messages(
         src: SrcArg, output: OutOpt, tokenizer: TokenizerOpt = None,
         chars_per_token: CharsOpt = None, block_size: BlockSizeOpt = None,
