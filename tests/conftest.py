@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,3 +42,19 @@ def embedded_server_with_log(tmp_path_factory: pytest.TempPathFactory
 def embedded_server(embedded_server_with_log: tuple[str, Path]) -> str:
     """The embedded server's base URL."""
     return embedded_server_with_log[0]
+
+
+async def sse_completion(request: Any, prompt_tokens: int, n: int) -> Any:
+    """A fake server's streamed /v1/completions answer: ``n`` one-token events, the usage
+    (``prompt_tokens``, ``n``) and ``[DONE]`` (an aiohttp ``StreamResponse``)."""
+    import orjson
+    from aiohttp import web
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b"".join(b"data: " + orjson.dumps({"choices": [{"text": "x"}]})
+                              + b"\n\n" for _ in range(n)))
+    await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": {
+        "prompt_tokens": prompt_tokens, "completion_tokens": n}}) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp

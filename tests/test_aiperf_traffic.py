@@ -44,7 +44,7 @@ from agentload.replay.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.formats import load_any
 from agentload.traces.model import RecordedTiming
-from tests.conftest import DATA, run_cli
+from tests.conftest import DATA, run_cli, sse_completion
 
 # The fake server: max_tokens picks how long a request takes before it streams.
 SLOW, STUCK = 7, 9
@@ -63,14 +63,7 @@ def _app(prompts: list[list[int]]) -> web.Application:
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)
             await asyncio.sleep(0.02)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b"".join(b"data: " + orjson.dumps({"choices": [{"text": "x"}]})
-                                  + b"\n\n" for _ in range(n)))
-        await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": {
-            "prompt_tokens": len(body["prompt"]), "completion_tokens": n}}) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
+        return await sse_completion(request, len(body["prompt"]), n)
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)

@@ -13,27 +13,19 @@ import asyncio
 import time
 from pathlib import Path
 
-import orjson
 from aiohttp import web
 
 from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
 from agentload.replay.journal import Journal, read_journal
 from agentload.replay.server import free_port
 from agentload.traces import Block, Request, Session, Trace
+from tests.conftest import sse_completion
 
 
 def _app() -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        n = body["max_tokens"]
-        await resp.write(b"".join(b"data: " + orjson.dumps({"choices": [{"text": "x"}]})
-                                  + b"\n\n" for _ in range(n)))
-        await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": {
-            "prompt_tokens": len(body["prompt"]), "completion_tokens": n}}) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
+        return await sse_completion(request, len(body["prompt"]), body["max_tokens"])
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
