@@ -78,16 +78,23 @@ if [ "$STEP" = served ]; then  # each of ARMS served in turn: a profiled replay;
          "${TRACE_ARGS[@]:2}" --duration "${DURATION:-35}" --profile-window 20:23 --headless \
          -o "$RUNS/$ARM" 2>&1 | tee "$OUT/$ARM.txt"
       if [ "${AGREE:-0}" = 1 ] && [ "$first" = 1 ]; then
-        log "bench agree against vllm bench serve"
-        timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
-           --requests "${AGREE_REQUESTS:-128}" --runs "${AGREE_RUNS:-3}" --json > "$RUNS/agree-$ARM.json" 2> "$OUT/agree.txt"
-        python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
-           "$RUNS/agree-$ARM.json" 2>&1 | tee -a "$OUT/agree.txt"
+        # AGREE_SETS: extra bench agree options per set, sets separated by "|"
+        # (e.g. "|--input-len 1024"); each set's text and JSON come back as agree-<i>.*
+        IFS='|' read -r -a sets <<< "${AGREE_SETS:-}"; [ ${#sets[@]} = 0 ] && sets=("")
+        for i in "${!sets[@]}"; do
+          log "bench agree against vllm bench serve (set $i: ${sets[$i]:-defaults})"
+          # shellcheck disable=SC2086  # a set is a list of options
+          timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
+             --requests "${AGREE_REQUESTS:-128}" --runs "${AGREE_RUNS:-3}" ${sets[$i]} --json \
+             > "$OUT/agree-$i.json" 2> "$OUT/agree-$i.txt"
+          python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
+             "$OUT/agree-$i.json" 2>&1 | tee -a "$OUT/agree-$i.txt"
+        done
       fi
       stop_arm
     fi
     first=0
-    log "profile $ARM"; profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
+    [ "${REPLAY:-1}" = 1 ] && log "profile $ARM" && profile_tables "$ARM" > "$OUT/profile-$ARM.txt" 2>&1
   done
   set -- ${ARMS:-}
   if [ $# -ge 2 ]; then  # the first two arms' traces of the same traffic, side by side
@@ -109,5 +116,5 @@ for t in "$PROFILES"/*/*.json.gz; do
   else python3 tests/gpu/trim_trace.py "$t" "$dst" --events 150000; fi
   touch "$t.shipped"
 done
-tar -cf "$OUT/profiles-$STEP.tar" -C "$ship" . 2>/dev/null
+[ -n "$(ls -A "$ship")" ] && tar -cf "$OUT/profiles-$STEP.tar" -C "$ship" .
 ls -la "$OUT" "$ship"
