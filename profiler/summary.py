@@ -156,19 +156,30 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
         graph_replay = node_mapped | (via == graph_launch)
         cols.update(
             replay=np.where(node_mapped, replay, -1),
-            # Graph replays are steps of their own when no step range encloses the call.
+            # Each replay is split (inferred) on its own, keyed by its correlation id ...
             step_key=np.where(graph_replay, replay * 2 + 1, step_key),
-            step_range=step, graph_step=graph_replay)
+            step_range=step, graph_step=graph_replay,
+            # ... and then joins the step range around its launch (one row per decode
+            # step: the replay and the eager kernels around it), where that range holds
+            # this one replay alone.
+            in_step=_sole_replays(via == graph_launch, step, replay))
     else:  # the common case: no graph replays, nothing per op to compute
         cols.update(replay=NO_REPLAY, step_key=step_key, step_range=step,
                     graph_step=np.zeros(n, bool))
     inferred = False
-    if do_infer:
+    # vLLM's FULL CUDA graphs: decode steps are graph replays with no layer ranges while
+    # prefill steps run eagerly inside theirs; only the replays are split by inference.
+    only = (_rangeless_replays(cols, np.where(rng >= 0, layer_anc[np.maximum(rng, 0)], -1))
+            if infer is None and level == "layer" and not do_infer and len(layer_anc) else None)
+    if do_infer or (only is not None and only.any()):
         string_of = dict(att.profile.strings.select("id", "value").iter_rows())
-        cols, inote = _infer_layers(cols, string_of)
+        cols, inote = _infer_layers(cols, string_of, only)
         inferred = inote is not None and inote.startswith("layers inferred")
         if inote:
             notes.append(inote)
+    if "in_step" in cols:
+        joins = cols.pop("in_step")
+        cols["step_key"] = np.where(joins, 2 * cols["step_range"], cols["step_key"])
     # The step groups only read the per-op columns: built on another thread meanwhile
     # (the compiled loops and polars release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="agentload-steps") as pool:
@@ -187,11 +198,44 @@ def summarize(att: Attribution, level: Level = "innermost", step_pattern: str | 
                    path=att.profile.path, warnings=att.profile.warnings)
 
 
-def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
-    """Split each step (step range, or graph replay) into inferred layers."""
+def _sole_replays(launched: npt.NDArray[np.bool_], step: npt.NDArray[np.int64],
+                  replay: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Per op: a replayed kernel whose step range holds no other replay."""
+    rows = launched & (step >= 0)
+    if not rows.any():
+        return rows
+    pairs = np.unique(np.stack([step[rows], replay[rows]]), axis=1)
+    ranges, per_range = np.unique(pairs[0], return_counts=True)
+    return rows & np.isin(step, ranges[per_range == 1])
+
+
+NOT_INFERRED = -2
+"""``block`` of an op left to its own range (a step with layer ranges, or with no
+repeating kernel sequence, in a profile where only graph replays are inferred)."""
+
+
+def _rangeless_replays(cols: Cols, layer_of: npt.NDArray[np.int64]
+                       ) -> npt.NDArray[np.bool_] | None:
+    """Per op: in a graph replay none of whose ops lies in a decoder-layer range
+    (``layer_of``: the op's layer range, -1: none); None when nothing is replayed."""
+    replayed = cols["graph_step"]
+    if not replayed.any():
+        return None
+    keys = cols["step_key"]
+    ranged = np.unique(keys[replayed & (layer_of >= 0)])
+    return replayed & (layer_of < 0) & ~np.isin(keys, ranged)
+
+
+def _infer_layers(cols: Cols, names: dict[int, str],
+                  only: npt.NDArray[np.bool_] | None = None) -> tuple[Cols, str | None]:
+    """Split each step (step range, or graph replay) into inferred layers; with ``only``,
+    just the steps of those ops, the rest keeping their ranges."""
+    if only is not None:
+        cols = {**cols, "only": only}
     frame = pl.DataFrame({k: pl.Series(_column(cols, k)) for k in cols}).sort(
         "proc", "step_key", "launch_start", "start")
     cols = {k: frame[k].to_numpy() for k in frame.columns}
+    chosen = cols.pop("only", None)
     seq_ids = identity_ids(cols["name_id"], names)
     bounds = np.flatnonzero(np.concatenate(
         ([True], (cols["proc"][1:] != cols["proc"][:-1])
@@ -201,6 +245,10 @@ def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
     periods: list[tuple[int, int]] = []
     streams = cols["stream"]
     for a, b in itertools.pairwise(bounds):
+        if chosen is not None and not chosen[a:b].all():
+            block[a:b] = NOT_INFERRED
+            periods.append((0, 0))
+            continue
         # The period is searched on the step's busiest stream alone: work a model puts on
         # a side stream (vLLM's shared experts) overlaps the main stream's, and lands
         # among its kernels in a different order each step.
@@ -225,20 +273,34 @@ def _infer_layers(cols: Cols, names: dict[int, str]) -> tuple[Cols, str | None]:
         periods.append((period, reps))
     found = [p for p in periods if p[0]]
     if not found:
+        if chosen is not None:
+            return cols, ("graph replays have no layer ranges and no repeating kernel "
+                          "sequence: their kernels stay with the range around the replay")
         return cols, ("no layer ranges, and no repeating kernel sequence was found in any "
                       "step: layers could not be inferred")
     # Block index == reps is the postlude; a step with no repeat is one inferred block.
     reps_col = np.zeros(frame.height, np.int64)
-    for (a, b), (_, reps) in zip(itertools.pairwise(bounds), periods, strict=True):
+    for (a, b), (period, reps) in zip(itertools.pairwise(bounds), periods, strict=True):
         reps_col[a:b] = reps
-    cols.update(block=block, reps=reps_col, inst=cols["step_key"] * 65_536 + block + 1,
-                replay=np.full(frame.height, -1, np.int64))
+        if chosen is not None and not period:  # a chosen step that does not repeat
+            block[a:b] = NOT_INFERRED
     common = max(set(found), key=found.count)
-    return cols, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps was "
-                  f"split by its repeating kernel sequence ({len(found):,} steps repeat; most "
-                  f"often {common[1]} layers of {common[0]} kernels on the step's busiest stream); "
-                  "names are "
-                  "inferred.layers.<i>")
+    shape = (f"most often {common[1]} layers of {common[0]} kernels on the step's busiest "
+             "stream); names are inferred.prelude, inferred.layers.<i>, inferred.postlude")
+    if chosen is None:
+        cols.update(block=block, reps=reps_col, inst=cols["step_key"] * 65_536 + block + 1,
+                    replay=np.full(frame.height, -1, np.int64))
+        return cols, (f"layers inferred: no layer ranges, so each of {len(periods):,} steps "
+                      f"was split by its repeating kernel sequence ({len(found):,} steps "
+                      f"repeat; {shape}")
+    # Graph replays (step_key > 0) get negative instance keys: range indices are >= 0.
+    split = block != NOT_INFERRED
+    cols.update(block=block, reps=reps_col,
+                inst=np.where(split, -(cols["step_key"] * 65_536 + block + 3), cols["inst"]),
+                replay=np.where(split, -1, _column(cols, "replay")))
+    return cols, (f"layers inferred for graph replays only: {len(found):,} replays had no "
+                  "layer ranges and were split by their repeating kernel sequence (steps "
+                  f"with layer ranges keep them; {shape}")
 
 
 IS_KERNEL_KINDS = ("kernel", "graph")
@@ -377,14 +439,17 @@ def _instances(cols: Cols, ranges: pl.DataFrame) -> pl.DataFrame:
     out = head.with_columns(**{k: pl.Series(v) for k, v in agg.items()}).with_row_index("g")
     out = out.with_columns(pl.col("g").cast(pl.Int64))
     if "block" in out.columns:
+        block = pl.col("block")
         out = out.with_columns(
-            name=pl.when(pl.col("block") < 0).then(pl.lit("inferred.prelude"))
-            .when((pl.col("block") >= pl.col("reps")) & (pl.col("reps") > 0))
+            name=pl.when(block == NOT_INFERRED).then(_by_index(ranges, "label", out["inst"]))
+            .when(block < 0).then(pl.lit("inferred.prelude"))
+            .when((block >= pl.col("reps")) & (pl.col("reps") > 0))
             .then(pl.lit("inferred.postlude"))
             .when(pl.col("reps") == 0).then(pl.lit("inferred.step"))
-            .otherwise(pl.format("inferred.layers.{}", pl.col("block"))),
-            layer=pl.when((pl.col("block") >= 0) & (pl.col("block") < pl.col("reps")))
-            .then(pl.col("block"))).drop("block", "reps")
+            .otherwise(pl.format("inferred.layers.{}", block)),
+            layer=pl.when(block == NOT_INFERRED).then(_by_index(ranges, "layer", out["inst"]))
+            .when((block >= 0) & (block < pl.col("reps")))
+            .then(block)).drop("block", "reps")
     else:
         out = out.with_columns(name=_by_index(ranges, "label", out["inst"]),
                                layer=_by_index(ranges, "layer", out["inst"]))
@@ -421,6 +486,9 @@ def _step_groups(cols: Cols) -> pl.DataFrame:
     """One row per step: its keys and sums (:func:`_grouped`)."""
     _, agg = _grouped(cols, STEP_KEYS, want_g=False)
     head = _heads(cols, [*STEP_KEYS, "step_range", "graph_step"], agg.pop("first"))
+    if cols["graph_step"].any():  # a step holding a replay is marked, whatever runs first
+        replayed = np.unique(cols["step_key"][cols["graph_step"]])
+        head = head.with_columns(graph_step=pl.Series(np.isin(head["step_key"], replayed)))
     return head.with_columns(**{k: pl.Series(v) for k, v in agg.items()})
 
 

@@ -113,7 +113,9 @@ def test_graph_trace_layers_are_inferred_from_the_replayed_kernels() -> None:
     assert {(r["instances"], r["kernels"]) for r in layers} == {(3, 72)}
     assert (rows["inferred.prelude"]["instances"], rows["inferred.prelude"]["kernels"]) == (3, 54)
     assert any("layers inferred" in n for n in s.notes)
-    replays = s.steps.filter(pl.col("kernels") == 282)
+    # One row per decode step: the 282 replayed kernels and the 16 eager ones (input
+    # preparation, logits, sampler) launched inside the same step range.
+    replays = s.steps.filter(pl.col("kernels") == 282 + 16)
     assert replays.height == 3 and set(replays["layers"]) == {11}
 
 
