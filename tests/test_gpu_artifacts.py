@@ -11,7 +11,11 @@ MoE (arms/gpu-1x.toml) on an NVIDIA H100 80GB HBM3, driven by ``tests/gpu/provin
 - ``dsv3mini_eager_ngram_h100.json.gz``: three decode steps of that server's torch profile
   (module ranges from ``with_stack``);
 - ``dsv3mini_graphs_h100.json.gz``: three decode steps of the ``moe-graphs`` arm (CUDA graphs
-  + torch.compile), where no layer range exists.
+  + torch.compile), where no layer range exists;
+- ``dsv3mini_eager_h100.json.gz`` and ``dsv3mini_fullgraph_h100.json.gz``: the ``moe-eager``
+  and ``moe-fullgraph`` arms (no torch.compile; FULL CUDA graphs for decode, eager
+  prefill) on the same traffic: three decode steps each, and one prefill step before the
+  graph replays.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ DATA = Path(__file__).parent / "data" / "gpu"
 RUN = DATA / "run_moe_ngram_eager"
 EAGER = DATA / "dsv3mini_eager_ngram_h100.json.gz"
 GRAPHS = DATA / "dsv3mini_graphs_h100.json.gz"
+PLAIN_EAGER = DATA / "dsv3mini_eager_h100.json.gz"
+FULL_GRAPH = DATA / "dsv3mini_fullgraph_h100.json.gz"
 LAYERS = 12  # dsv3-mini: the first layer dense, 11 MoE layers
 
 
@@ -147,3 +153,50 @@ def test_diff_sets_eager_module_layers_against_inferred_graph_layers() -> None:
     # torch.compile fused eager's separate norm kernels into Triton ones.
     assert "- vllm::fused_add_rms_norm_kernel" in text and "std::enable_if" not in text
     assert "= vllm::concat_and_cache_mla_kernel" in text and "= fused_moe_kernel" in text
+
+
+def _per_instance(rows: dict[str, dict[str, object]], name: str) -> tuple[float, float]:
+    r = rows[name]
+    n = int(r["instances"])  # type: ignore[call-overload]
+    return int(r["kernels"]) / n, int(r["memops"]) / n  # type: ignore[call-overload]
+
+
+def test_full_graph_decode_layers_hold_the_same_gpu_ops_as_eager_ones() -> None:
+    """FULL CUDA graphs without torch.compile replay eager's kernels: the replays have no
+    layer ranges (inferred), the eager prefill step beside them keeps its module ranges."""
+    eager = _layers(PLAIN_EAGER)
+    graph = summarize(attribute(load_profile(FULL_GRAPH)), level="layer")
+    rows = {r["name"]: r for r in graph.layers.iter_rows(named=True)}
+    moe = [f"nn.Module: DeepseekV2DecoderLayer_{i}" for i in range(1, LAYERS)]
+    inferred = [f"inferred.layers.{i}" for i in range(LAYERS - 1)]
+    # Eager: each MoE layer launches 25 kernels and one device-to-device copy per step;
+    # captured in a graph, that copy replays as a kernel (memcpy32_post): 26 and none.
+    assert {_per_instance(eager, n) for n in moe} == {(25, 1)}
+    assert {_per_instance(rows, n) for n in inferred} == {(26, 0)}
+    assert {int(rows[n]["instances"]) for n in inferred} == {3}  # type: ignore[call-overload]
+    assert "inferred.layers.11" not in rows
+    # The dense first layer does not repeat: it is in the prelude with the embedding.
+    embedding, dense = (_per_instance(eager, "nn.Module: VocabParallelEmbedding_0"),
+                        _per_instance(eager, "nn.Module: DeepseekV2DecoderLayer_0"))
+    assert _per_instance(rows, "inferred.prelude") == (embedding[0] + dense[0], 0)
+    # The prefill step ran eagerly: its 12 module ranges are kept, not inferred.
+    assert {int(rows[f"nn.Module: DeepseekV2DecoderLayer_{i}"]["instances"])  # type: ignore[call-overload]
+            for i in range(LAYERS)} == {1}
+    assert any("graph replays only" in n for n in graph.notes)
+    # One step row per decode step: the replay (306 kernels) and the 16 eager kernels
+    # launched in the same step range; >= 95 % of their kernel time in a decoder layer,
+    # and nearly all in the layers, the prelude/postlude or a named module.
+    decode = graph.steps.filter(pl.col("kernels") == 306 + 16)
+    assert decode.height == 3 and set(decode["layers"]) == {LAYERS - 1}
+    steps = set(decode["step_key"])
+    inst = graph.instances.filter(pl.col("step_key").is_in(steps))
+    total = int(inst["kernel_ns"].sum())
+    assert total == int(decode["kernel_ns"].sum())
+    in_layers = int(inst.filter(pl.col("name").str.starts_with("inferred.layers."))
+                    ["kernel_ns"].sum())
+    split = int(inst.filter(pl.col("name").str.starts_with("inferred."))["kernel_ns"].sum())
+    named = split + int(inst.filter(pl.col("name").str.starts_with("nn.Module: "))
+                        ["kernel_ns"].sum())
+    assert in_layers / total > 0.90  # 11 MoE layers: 91 %
+    assert split / total > 0.98  # + the prelude (embedding, dense layer) and postlude
+    assert named / total > 0.99  # + the LM head and sampler; the rest: input preparation
