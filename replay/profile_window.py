@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import polars as pl
 
 from agentload.replay.errors import ReplayError
 
@@ -47,12 +48,17 @@ class ProfileWindowLog:
 async def _post(client: httpx.AsyncClient, url: str, log: ProfileWindowLog, what: str,
                 t0: float, say: Callable[[str], None]) -> None:
     at = time.monotonic() - t0
+    # On the journal's clock, so the requests the profiler slowed can be found.
+    sent_ns = time.perf_counter_ns()
     try:
         resp = await client.post(url, timeout=600.0)  # stopping flushes; it can take minutes
         status: int | str = resp.status_code
     except httpx.HTTPError as exc:
         status = f"{type(exc).__name__}: {exc}"
-    log.events.append({"what": what, "at_s": round(at, 3), "status": status})
+    answered_ns = time.perf_counter_ns()
+    log.events.append({"what": what, "at_s": round(at, 3), "status": status,
+                       "sent_ns": sent_ns, "answered_ns": answered_ns,
+                       "took_s": round((answered_ns - sent_ns) / 1e9, 3)})
     if status != 200:
         say(f"profile window: {what} answered {status} (was the server started with a "
             "profiler configured?)")
@@ -71,3 +77,35 @@ async def run_profile_window(client: httpx.AsyncClient, base_url: str, log: Prof
         # Also when the replay ends first: a profiler left running would never be flushed.
         await asyncio.shield(_post(client, base_url + "/stop_profile", log, "stop_profile",
                                    t0, say))
+
+
+def window_effect(window: dict[str, Any] | None, frame: pl.DataFrame) -> dict[str, Any] | None:
+    """How much of the run the server's profiler touched: from ``start_profile`` sent to
+    ``stop_profile`` answered (the flush of the trace stalls a vLLM server for seconds),
+    the measured requests in flight then, whose latencies include the profiler's cost.
+    None without a window; without the stamps (older runs) only the flush is unknown."""
+    if not window:
+        return None
+    by_what = {e.get("what"): e for e in window.get("events", [])}
+    start, stop = by_what.get("start_profile"), by_what.get("stop_profile")
+    out: dict[str, Any] = {"requested_s": window.get("requested_s"),
+                           "flush_s": (stop or {}).get("took_s")}
+    if not (start and stop and "sent_ns" in start and "answered_ns" in stop):
+        return out | {"requests_overlapping": None, "share_overlapping": None}
+    lo, hi = int(start["sent_ns"]), int(stop["answered_ns"])
+    done = frame.filter((pl.col("phase") == "measure") & pl.col("ok"))
+    hit = done.filter((pl.col("sent_ns") < hi) & (pl.col("done_ns") > lo)).height
+    return out | {"profiled_s": round((hi - lo) / 1e9, 3), "requests_overlapping": hit,
+                  "share_overlapping": hit / done.height if done.height else None}
+
+
+def window_warning(effect: dict[str, Any] | None) -> str | None:
+    """The report's line on a profiled run, or None."""
+    if not effect or not effect.get("requests_overlapping"):
+        return None
+    flush = effect.get("flush_s")
+    return (f"PROFILED: the server's profiler ran for {effect['profiled_s']:.1f} s"
+            + (f" (its trace took {flush:.1f} s to write)" if flush is not None else "")
+            + f"; {effect['requests_overlapping']} measured requests "
+            f"({effect['share_overlapping']:.0%}) were in flight then and their latencies "
+            "include the profiler's cost: compare arms on unprofiled runs")

@@ -19,6 +19,7 @@ import polars as pl
 
 from agentload.replay import report_figures as figs
 from agentload.replay.metrics import DEFINITIONS, per_session, per_user
+from agentload.replay.profile_window import window_warning
 from agentload.replay.prometheus import spec_acceptance
 from agentload.replay.slo import slo_line
 
@@ -125,6 +126,9 @@ def warnings(summary: dict[str, Any], run: dict[str, Any]) -> list[str]:
         out.append("SYNTHETIC: " + synthetic)
     if summary.get("interrupted"):
         out.append("PARTIAL: the run was interrupted; only the requests that finished count")
+    profiled = window_warning(summary.get("profile_window"))
+    if profiled:
+        out.append(profiled)
     return out
 
 

@@ -67,7 +67,12 @@ from agentload.replay.metrics import (
     validity,
     with_request_metrics,
 )
-from agentload.replay.profile_window import ProfileWindowLog, run_profile_window
+from agentload.replay.profile_window import (
+    ProfileWindowLog,
+    run_profile_window,
+    window_effect,
+    window_warning,
+)
 from agentload.replay.prompts import (
     CALIBRATION_BLOCKS,
     DEFAULT_TOKEN_ID_RANGE,
@@ -568,6 +573,7 @@ def write_results(run_dir: Path, report: bool = True,
         summarize_gpu(pl.read_parquet(gpu_path).to_dicts()) if gpu_path.is_file()
         else {"available": False, "reason": run.get("gpu_telemetry", "not sampled")})
     summary["speculative_decoding"] = spec_decode(run)
+    summary["profile_window"] = window_effect(run.get("profile_window"), frame)
     summary["by_context_depth"] = by_context_depth(frame)
     summary["client"] = run.get("client_diagnostics") or {
         "available": False, "reason": "not recorded (interrupted, or an older run)"}
@@ -631,6 +637,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     verdict = summary.get("validity") or {}
     if verdict.get("verdict") == "invalid":  # first, as the HTML report puts it
         lines.append("  INVALID RUN: " + "; ".join(verdict.get("reasons", [])))
+    profiled = window_warning(summary.get("profile_window"))
+    if profiled:
+        lines.append("  " + profiled)
     lines.append(f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
                  f"({summary.get('requests_failed')} failed)")
     lines += [f"  {label:<{width}}  {fmt(summary.get(key), unit)}"

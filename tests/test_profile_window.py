@@ -7,11 +7,18 @@ import time
 from pathlib import Path
 
 import httpx
+import polars as pl
 import pytest
 from aiohttp import web
 
 from agentload.replay.errors import ReplayError
-from agentload.replay.profile_window import ProfileWindowLog, parse_window, run_profile_window
+from agentload.replay.profile_window import (
+    ProfileWindowLog,
+    parse_window,
+    run_profile_window,
+    window_effect,
+    window_warning,
+)
 from agentload.replay.server import ServerSpec, effective_config, nsys_wrap
 
 
@@ -87,3 +94,47 @@ async def test_window_starts_and_stops_the_server_profiler() -> None:
     assert 0.15 < calls[0][1] < 0.45 and 0.45 < calls[1][1] < 0.9
     assert [e["status"] for e in log.events] == [200, 200]
     assert [e["what"] for e in early.events] == ["start_profile", "stop_profile"]
+
+
+async def test_the_flush_is_timed_and_the_requests_it_slowed_are_counted() -> None:
+    """vLLM answers /stop_profile once its trace is written (seconds on a GPU server)."""
+    async def start(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def stop(_: web.Request) -> web.Response:
+        await asyncio.sleep(0.3)  # the flush
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/start_profile", start)
+    app.router.add_post("/stop_profile", stop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    log = ProfileWindowLog((0.0, 0.1))
+    try:
+        async with httpx.AsyncClient() as client:
+            await run_profile_window(client, f"http://127.0.0.1:{runner.addresses[0][1]}",
+                                     log, lambda _: None)
+    finally:
+        await runner.cleanup()
+    start_ev, stop_ev = log.events
+    assert stop_ev["took_s"] >= 0.29 and start_ev["took_s"] < 0.29
+    lo, hi = start_ev["sent_ns"], stop_ev["answered_ns"]
+    s = 1_000_000_000
+    frame = pl.DataFrame({  # before, across the start, inside the flush, after; one failed
+        "phase": ["measure"] * 5, "ok": [True, True, True, True, False],
+        "sent_ns": [lo - 2 * s, lo - s, hi - 1000, hi + 10, lo],
+        "done_ns": [lo - s, lo + 1000, hi + s, hi + s, hi]})
+    effect = window_effect(log.as_dict(), frame)
+    assert effect is not None
+    assert effect["requests_overlapping"] == 2 and effect["share_overlapping"] == 0.5
+    assert effect["flush_s"] == stop_ev["took_s"] and effect["profiled_s"] >= 0.39
+    text = window_warning(effect)
+    assert text is not None and "2 measured requests (50%)" in text
+    # A run without a window, or from before the stamps, says nothing it cannot know.
+    assert window_effect(None, frame) is None
+    old = {"requested_s": [1, 2], "events": [{"what": "start_profile", "at_s": 1.0},
+                                             {"what": "stop_profile", "at_s": 2.0}]}
+    assert window_warning(window_effect(old, frame)) is None
