@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 
 def assert_one_line_error(proc, *fragments: str) -> None:  # type: ignore[no-untyped-def]

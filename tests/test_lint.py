@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 from tests.typecheck import run_mypy
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 ROOMS = ("traces", "replay", "profiler", "kernels", "tui")
 CHECK = (

@@ -6,7 +6,7 @@ first stream is the main chain and each other one a subagent branch spawned by m
 turn ``spawn_turn``. Builds AIPerf 0.13.0's ``TrajectorySource`` (sequential sampler,
 start range 0-1, as the AgentX scenario does) on that metadata and prints, per lane, the
 trace, t* (ms) and every live stream's next turn: what AIPerf's warm-up primes and
-where its profiling starts. Used by tests/test_aiperf_schedule.py as the reference.
+where its profiling starts. Used by tests/replay/test_aiperf_schedule.py as the reference.
 """
 
 from __future__ import annotations
