@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from agentload.replay.engine import ProgressSnapshot, ReplayEngine, ReplayOptions, Target
+from agentload.replay.engine.core import ProgressSnapshot, ReplayEngine, ReplayOptions, Target
 from agentload.replay.errors import ReplayError, ServerError
-from agentload.replay.metrics import summarize, with_request_metrics
+from agentload.replay.results.metrics import summarize, with_request_metrics
 from agentload.replay.run import RunResult, run_replay
-from agentload.replay.server import ManagedServer, ServerSpec, embedded_server_spec
-from agentload.replay.tiny_model import TinyModelSpec, ensure_tiny_model
+from agentload.replay.serve.server import ManagedServer, ServerSpec, embedded_server_spec
+from agentload.replay.serve.tiny_model import TinyModelSpec, ensure_tiny_model
 
 __all__ = [
     "ManagedServer",

@@ -1,6 +1,6 @@
 """The replay room's commands: ``agentload serve``, ``agentload replay``, ``agentload demo``.
 
-Thin wrappers over ``agentload.replay.run_replay`` and ``agentload.replay.server``; each
+Thin wrappers over ``agentload.replay.run_replay`` and ``agentload.replay.serve.server``; each
 option maps to a field of ``ReplayOptions`` or an argument of ``run_replay``.
 """
 
@@ -16,15 +16,14 @@ from typing import Annotated
 
 import typer
 
-from agentload.replay.arms import arm_server_spec, check_gpu_count, load_arm, serve_argv
-from agentload.replay.compare import compare_arms, dry_run_lines, select_arms
-from agentload.replay.compare_report import write_comparison
-from agentload.replay.engine import ReplayOptions
+from agentload.replay.engine.core import ReplayOptions
+from agentload.replay.engine.fit import PAUSE_RULES, FitOptions
+from agentload.replay.engine.presets import headline_line, preset
 from agentload.replay.errors import ReplayError
-from agentload.replay.fit import PAUSE_RULES, FitOptions
 from agentload.replay.live import dashboard_factory
-from agentload.replay.presets import headline_line, preset
-from agentload.replay.profile_window import parse_window
+from agentload.replay.results.compare import compare_arms, dry_run_lines, select_arms
+from agentload.replay.results.compare_report import write_comparison
+from agentload.replay.results.slo import parse_slo
 from agentload.replay.run import (
     ProgressMode,
     RunResult,
@@ -35,14 +34,15 @@ from agentload.replay.run import (
     summary_lines,
     write_results,
 )
-from agentload.replay.server import (
+from agentload.replay.serve.arms import arm_server_spec, check_gpu_count, load_arm, serve_argv
+from agentload.replay.serve.profile_window import parse_window
+from agentload.replay.serve.server import (
     ManagedServer,
     effective_config,
     embedded_server_spec,
     nsys_wrap,
 )
-from agentload.replay.slo import parse_slo
-from agentload.replay.tiny_model import ensure_tiny_model
+from agentload.replay.serve.tiny_model import ensure_tiny_model
 from agentload.traces import demo_trace_path
 
 app = typer.Typer(no_args_is_help=True)

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from agentload.replay.cli import MaxContext, ScaleTokens
-from agentload.replay.fit import FitOptions, FitReport, fit_trace
+from agentload.replay.engine.fit import FitOptions, FitReport, fit_trace
 from agentload.traces.formats import AUTO, FORMATS, load_any
 from agentload.traces.formats.export import EXPORTS, check_output, export_trace
 

@@ -33,9 +33,7 @@ import httpx
 import polars as pl
 
 from agentload import __version__
-from agentload.replay import prometheus
-from agentload.replay.arms import Arm, arm_server_spec, check_gpu_count
-from agentload.replay.engine import (
+from agentload.replay.engine.core import (
     EngineOutcome,
     ProgressSnapshot,
     ReplayEngine,
@@ -43,9 +41,14 @@ from agentload.replay.engine import (
     Target,
     build_http_client,
 )
+from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
+from agentload.replay.engine.prompts import (
+    CALIBRATION_BLOCKS,
+    DEFAULT_TOKEN_ID_RANGE,
+    TextPrompts,
+    words_per_token,
+)
 from agentload.replay.errors import ReplayError
-from agentload.replay.fit import FitOptions, check_fits, fit_trace
-from agentload.replay.gpu_telemetry import GpuSampler, open_sampler, summarize_gpu
 from agentload.replay.journal import (
     GPU_METRICS_NAME,
     JOURNAL_NAME,
@@ -55,7 +58,7 @@ from agentload.replay.journal import (
     read_journal,
 )
 from agentload.replay.live import Viewer, open_viewer
-from agentload.replay.metrics import (
+from agentload.replay.results.metrics import (
     DEFINITIONS,
     bootstrap_ci,
     by_context_depth,
@@ -67,20 +70,18 @@ from agentload.replay.metrics import (
     validity,
     with_request_metrics,
 )
-from agentload.replay.profile_window import (
+from agentload.replay.results.report import HEADLINE, fmt, spec_decode, write_reports
+from agentload.replay.results.slo import slo_line, slo_summary
+from agentload.replay.serve import prometheus
+from agentload.replay.serve.arms import Arm, arm_server_spec, check_gpu_count
+from agentload.replay.serve.gpu_telemetry import GpuSampler, open_sampler, summarize_gpu
+from agentload.replay.serve.profile_window import (
     ProfileWindowLog,
     run_profile_window,
     window_effect,
     window_warning,
 )
-from agentload.replay.prompts import (
-    CALIBRATION_BLOCKS,
-    DEFAULT_TOKEN_ID_RANGE,
-    TextPrompts,
-    words_per_token,
-)
-from agentload.replay.report import HEADLINE, fmt, spec_decode, write_reports
-from agentload.replay.server import (
+from agentload.replay.serve.server import (
     ManagedServer,
     ServerSpec,
     effective_config,
@@ -89,7 +90,6 @@ from agentload.replay.server import (
     nsys_wrap,
     serving,
 )
-from agentload.replay.slo import slo_line, slo_summary
 from agentload.traces import Trace
 from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
 from agentload.traces.headers import PROBE_HEADER

@@ -13,7 +13,7 @@ import pytest
 def embedded_server_with_log(tmp_path_factory: pytest.TempPathFactory
                              ) -> Iterator[tuple[str, Path]]:
     """Start the embedded tiny-Llama vLLM CPU server once; yield its base URL and log."""
-    from agentload.replay.server import ManagedServer, embedded_server_spec
+    from agentload.replay.serve.server import ManagedServer, embedded_server_spec
 
     log = tmp_path_factory.mktemp("embedded-server") / "server.log"
     spec = embedded_server_spec()

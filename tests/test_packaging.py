@@ -46,7 +46,7 @@ def test_wheel_holds_only_agentload(wheel: Path) -> None:
     for room in ROOMS:
         assert f"agentload/{room}/__init__.py" in names
     assert "agentload/traces/data/demo_agentx.jsonl" in names
-    assert "agentload/replay/engine.py" in names
+    assert "agentload/replay/engine/core.py" in names
 
 
 def test_wheel_imports_as_agentload(wheel: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
-from agentload.replay.diagnostics import (
+from agentload.replay.client.diagnostics import (
     MAX_CLIENT_CPU,
     MAX_LOOP_LAG_P99_S,
     MAX_MULTI_EVENT_READS,
@@ -40,7 +40,7 @@ from agentload.replay.live import (
     SnapshotSource,
     Weighting,
 )
-from agentload.replay.metrics import DEFINITIONS
+from agentload.replay.results.metrics import DEFINITIONS
 from agentload.tui.widgets import (
     Charts,
     ClientBar,

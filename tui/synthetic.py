@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from agentload.replay.diagnostics import saturation_reasons
+from agentload.replay.client.diagnostics import saturation_reasons
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord
 
 ERROR_KINDS = ("stall", "http_5xx", "cut")

@@ -203,7 +203,7 @@ def client_line(c: ClientHealth | None) -> Text:
 
     Live figures are estimates over the run so far (``≈``); the final ones are
     summary.json's. An invalid verdict carries its reasons (the thresholds are in
-    ``replay/diagnostics.py``).
+    ``replay/client/diagnostics.py``).
     """
     line = Text(no_wrap=True, overflow="ellipsis")
     line.append(" client ", "dim")
@@ -229,7 +229,7 @@ def client_line(c: ClientHealth | None) -> Text:
 
 
 class ClientBar(TextPanel):
-    """One line: is the client keeping up? (``replay/diagnostics.py``'s verdict)."""
+    """One line: is the client keeping up? (``replay/client/diagnostics.py``'s verdict)."""
 
     def show(self, snap: LiveSnapshot) -> None:
         self.set_text(client_line(snap.client))

@@ -9,7 +9,7 @@ second; that builds one frozen :class:`LiveSnapshot` and stores it in
 fed from a run directory's journal instead of the engine, plays a recorded run back
 (:class:`JournalPlayback`), finished or not.
 
-Numbers follow ``replay/metrics.py`` (request-weighted, linear interpolation) and are
+Numbers follow ``replay/results/metrics.py`` (request-weighted, linear interpolation) and are
 computed over the measured, successful requests finished so far:
 
 - P90 interactivity = 1 / P90(ITL_i); E2E-normalized = 1 / P90(E2EL_i / OSL_i);

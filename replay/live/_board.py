@@ -36,8 +36,8 @@ from agentload.replay.live._snapshot import (
     Totals,
     client_health,
 )
-from agentload.replay.metrics import validity
-from agentload.replay.prometheus import SPEC_COUNTERS, spec_acceptance
+from agentload.replay.results.metrics import validity
+from agentload.replay.serve.prometheus import SPEC_COUNTERS, spec_acceptance
 
 # --------------------------------------------------------------------------- helpers
 
@@ -229,7 +229,7 @@ class LiveBoard:
         self._osl_of = _Floats()
         self._session_ids: dict[str, int] = {}
         # Failed measured requests' (lane, session): a user or session with one misses
-        # the SLO (replay/slo.py's rule).
+        # the SLO (replay/results/slo.py's rule).
         self._failed_groups: list[tuple[int, int]] = []
         self._decoding = _Intervals()
         self._osl_sum = self._isl_sum = self._decode_tokens = 0
@@ -520,7 +520,7 @@ class LiveBoard:
             return None
         import polars as pl
 
-        from agentload.replay.slo import slo_line, slo_summary
+        from agentload.replay.results.slo import slo_line, slo_summary
 
         failed = self._failed_groups
         ok = self._done

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 CLIENT_KEYS = ("kernel_stamps", "stamp_error_p99_s", "events_per_read",
                "multi_event_read_share", "loop_lag_p99_s", "cpu_cores")
-"""The client self-diagnostics the dashboard shows (``replay/diagnostics.py`` names)."""
+"""The client self-diagnostics the dashboard shows (``replay/client/diagnostics.py`` names)."""
 
 Weighting = Literal["request", "user", "session"]
 WEIGHTINGS: tuple[Weighting, ...] = ("request", "user", "session")

@@ -87,7 +87,7 @@ if [ "$STEP" = served ]; then  # each of ARMS served in turn: a profiled replay;
           timeout "${AGREE_LIMIT:-240}" python3 -P -m agentload bench agree --target http://127.0.0.1:8011 \
              --requests "${AGREE_REQUESTS:-128}" --runs "${AGREE_RUNS:-3}" ${sets[$i]} --json \
              > "$OUT/agree-$i.json" 2> "$OUT/agree-$i.txt"
-          python3 -P -c "import json,sys; from agentload.replay.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
+          python3 -P -c "import json,sys; from agentload.replay.bench.agree import agree_lines; print(chr(10).join(agree_lines(json.load(open(sys.argv[1])))))" \
              "$OUT/agree-$i.json" 2>&1 | tee -a "$OUT/agree-$i.txt"
         done
       fi

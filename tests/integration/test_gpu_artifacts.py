@@ -28,9 +28,9 @@ import polars as pl
 import pytest
 
 from agentload.profiler import attribute, load_profile, summarize
-from agentload.replay import prometheus
-from agentload.replay.report import spec_decode
+from agentload.replay.results.report import spec_decode
 from agentload.replay.run import write_results
+from agentload.replay.serve import prometheus
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
 RUN = DATA / "run_moe_ngram_eager"

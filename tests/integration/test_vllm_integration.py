@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from agentload.replay import ReplayOptions, run_replay
-from agentload.replay.tiny_model import DEFAULT_TINY_MODEL
+from agentload.replay.serve.tiny_model import DEFAULT_TINY_MODEL
 from agentload.traces import demo_trace_path, read_trace
 from tests.support import ROOT
 
@@ -213,7 +213,7 @@ def test_foreign_trace_files_replay_directly(embedded_server: str, tmp_path: Pat
 
 def test_weka_fixture_replay_fidelity(embedded_server: str, tmp_path: Path) -> None:
     """The real WEKA sessions, scaled to the tiny model: pauses, exact OSL, cache truth."""
-    from agentload.replay.fit import FitOptions
+    from agentload.replay.engine.fit import FitOptions
 
     out = tmp_path / "weka"
     result = run_replay(ROOT / "tests" / "data" / "weka", out, target_url=embedded_server,

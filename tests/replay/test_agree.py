@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import agentload.replay.agree as agree_module
-from agentload.replay.agree import (
+import agentload.replay.bench.agree as agree_module
+from agentload.replay.bench.agree import (
     agree_lines,
     agree_trace,
     agreement,
@@ -142,7 +142,7 @@ def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[i
         yield url
 
     import agentload.replay.run as run_module
-    import agentload.replay.tiny_model as tiny
+    import agentload.replay.serve.tiny_model as tiny
     monkeypatch.setattr(agree_module, "agentload_run", ours)
     monkeypatch.setattr(agree_module, "vllm_run", theirs)
     monkeypatch.setattr(agree_module, "_target", target)

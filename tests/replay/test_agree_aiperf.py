@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentload.cli import app, main
-from agentload.replay.agree_aiperf import (
+from agentload.replay.bench.agree_aiperf import (
     AGENTLOAD_ALWAYS,
     AGENTLOAD_NEAREST,
     PeerRunError,

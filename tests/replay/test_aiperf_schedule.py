@@ -19,10 +19,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
+from agentload.replay.engine.core import ReplayEngine, ReplayOptions, Target, build_http_client
+from agentload.replay.engine.plan import aiperf_start_s, plan_play_at
 from agentload.replay.journal import Journal
-from agentload.replay.metrics import summarize
-from agentload.replay.plan import aiperf_start_s, plan_play_at
+from agentload.replay.results.metrics import summarize
 from agentload.traces import Trace
 from agentload.traces.formats import load_any
 from tests.support import DATA
@@ -195,7 +195,7 @@ def test_the_engine_warms_every_lane_before_measuring_and_then_starts_the_clock(
 
 
 def test_chat_text_is_as_long_as_the_blocks_on_average_and_stable_per_block() -> None:
-    from agentload.replay.prompts import TextPrompts
+    from agentload.replay.engine.prompts import TextPrompts
     from agentload.traces import Block
 
     texts = TextPrompts(salt=3, words_per_token=0.3)
@@ -209,13 +209,13 @@ def test_chat_text_is_as_long_as_the_blocks_on_average_and_stable_per_block() ->
 
 
 def test_chat_messages_follow_aiperfs_turn_structure_and_extend_each_other() -> None:
-    from agentload.replay.plan import (
+    from agentload.replay.engine.plan import (
         chat_segments,
         declared_prefix_blocks,
         marker_block,
         marker_positions,
     )
-    from agentload.replay.prompts import TextPrompts
+    from agentload.replay.engine.prompts import TextPrompts
 
     trace = _mini()
     session = next(s for s in trace.sessions if s.id == "trace_0291")
@@ -246,7 +246,7 @@ def test_the_idle_cap_waits_for_what_a_return_releases_before_it_pulls() -> None
     # Seen in a run: the last request ended, the cap pulled a lane's 30 s wait forward
     # before the next request of the finished chain (due 5.5 s later) was a timer.
     # AIPerf checks after the return's follow-ups are dispatched; so does agentload.
-    from agentload.replay.pacing import IdleCap
+    from agentload.replay.engine.pacing import IdleCap
 
     s = 1_000_000_000
     checks: list[Callable[[], None]] = []
@@ -273,7 +273,7 @@ def test_the_idle_cap_waits_for_what_a_return_releases_before_it_pulls() -> None
 
 
 def test_end_to_start_spawns_and_joins_subagents_at_once_as_aiperf_does() -> None:
-    from agentload.replay.fit import end_to_start_pause
+    from agentload.replay.engine.fit import end_to_start_pause
 
     session = next(s for s in _mini().sessions if s.id == "trace_0291")
     by_id = {r.id: r for r in session.requests}

@@ -22,25 +22,25 @@ import pytest
 from aiohttp import web
 
 from agentload.replay.cli import AIPERF, Traffic, with_aiperf, with_preset
-from agentload.replay.engine import (
+from agentload.replay.engine.core import (
     EngineOutcome,
     ReplayEngine,
     ReplayOptions,
     Target,
     build_http_client,
 )
-from agentload.replay.fit import FitOptions, end_to_start_pause, fit_trace
-from agentload.replay.journal import JOURNAL_NAME, Journal, read_journal
-from agentload.replay.pacing import IdleCap
-from agentload.replay.plan import (
+from agentload.replay.engine.fit import FitOptions, end_to_start_pause, fit_trace
+from agentload.replay.engine.pacing import IdleCap
+from agentload.replay.engine.plan import (
     declared_prefix_blocks,
     marker_block,
     marker_positions,
     plan_play,
     shared_block_ids,
 )
+from agentload.replay.journal import JOURNAL_NAME, Journal, read_journal
 from agentload.replay.run import write_results
-from agentload.replay.server import free_port
+from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.formats import load_any
 from agentload.traces.model import RecordedTiming

@@ -18,7 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agentload.cli import app
-from agentload.replay.arms import (
+from agentload.replay.results.compare import dry_run_lines, select_arms
+from agentload.replay.serve.arms import (
     Arm,
     ArmError,
     check_gpu_count,
@@ -29,7 +30,6 @@ from agentload.replay.arms import (
     serve_argv,
     visible_gpus,
 )
-from agentload.replay.compare import dry_run_lines, select_arms
 from tests.support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import orjson
 
-from agentload.replay.client import stream_completion
+from agentload.replay.client.sse import stream_completion
 
 
 def sse(*objs: object) -> list[bytes]:

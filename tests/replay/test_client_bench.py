@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentload.replay.client_bench import (
+from agentload.replay.bench.client_bench import (
     ClientBenchConfig,
     client_benchmark,
     emulator,
     merge,
     report_lines,
 )
-from agentload.replay.emulator import EMULATOR_MODEL
-from agentload.replay.workers import ShardResult, ShardSpec, play_shard, split
+from agentload.replay.bench.emulator import EMULATOR_MODEL
+from agentload.replay.bench.workers import ShardResult, ShardSpec, play_shard, split
 from tests.support import run_cli
 
 
@@ -127,7 +127,7 @@ def test_vllm_bench_serve_runs_against_the_same_emulator(tmp_path: Path) -> None
 
 def test_timed_events_drop_the_ones_read_together() -> None:
     """Events stamped within µs of the previous one of their request were read together."""
-    from agentload.replay.client_bench import timed_mask
+    from agentload.replay.bench.client_bench import timed_mask
 
     gaps = np.array([0, 20_000_000, 3_000, 19_000_000, 0], dtype=np.int64)
     first = np.array([True, False, False, False, True])
@@ -146,7 +146,7 @@ def test_finding_vllm_bench_does_not_import_vllm(tmp_path: Path) -> None:
     # Importing vllm would bring torch and triton into agentload's process (and triton's
     # leak report onto the terminal at exit); the check only looks for the file.
     probe = ("import sys\n"
-             "from agentload.replay.client_bench import vllm_bench_available\n"
+             "from agentload.replay.bench.client_bench import vllm_bench_available\n"
              "print(repr(vllm_bench_available()), 'vllm' in sys.modules, "
              "'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

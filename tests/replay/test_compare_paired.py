@@ -6,15 +6,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from agentload.replay.compare_paired import (
+from agentload.replay.journal import request_frame
+from agentload.replay.results.compare_paired import (
     MIN_PAIRS,
     matched_requests,
     paired_cells,
     paired_difference,
     paired_lines,
 )
-from agentload.replay.journal import request_frame
-from agentload.replay.metrics import with_request_metrics
+from agentload.replay.results.metrics import with_request_metrics
 from tests.replay.test_metrics import row
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from agentload.replay import ReplayOptions, run_replay
-from agentload.replay.client import StreamResult
-from agentload.replay.client_bench import ClientBenchConfig, emulator
-from agentload.replay.diagnostics import ClientDiagnostics, saturation_reasons, starved_by_os
-from agentload.replay.metrics import validity
+from agentload.replay.bench.client_bench import ClientBenchConfig, emulator
+from agentload.replay.client.diagnostics import ClientDiagnostics, saturation_reasons, starved_by_os
+from agentload.replay.client.sse import StreamResult
+from agentload.replay.results.metrics import validity
 from agentload.traces import Block, Request, Session, Trace
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
+from agentload.replay.engine.core import ReplayEngine, ReplayOptions, Target, build_http_client
 from agentload.replay.journal import Journal, read_journal
-from agentload.replay.server import free_port
+from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 from tests.support import sse_completion
 
@@ -90,7 +90,7 @@ def test_max_requests_wakes_lanes_waiting_to_send(tmp_path: Path) -> None:
 
 
 def test_headless_progress_says_when_the_run_turns_invalid() -> None:
-    from agentload.replay.engine import ProgressSnapshot
+    from agentload.replay.engine.core import ProgressSnapshot
     from agentload.replay.run import progress_line
 
     base = dict(elapsed_s=3.0, requests_total=10, requests_done=4, requests_failed=2,

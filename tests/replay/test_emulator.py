@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 import pytest
 
-from agentload.replay.client import stream_completion
-from agentload.replay.client_bench import ClientBenchConfig, emulator, emulator_stats
-from agentload.replay.emulator import EMULATOR_MODEL, EMULATOR_NAME
-from agentload.replay.netstamp import StampedTransport
+from agentload.replay.bench.client_bench import ClientBenchConfig, emulator, emulator_stats
+from agentload.replay.bench.emulator import EMULATOR_MODEL, EMULATOR_NAME
+from agentload.replay.client.netstamp import StampedTransport
+from agentload.replay.client.sse import stream_completion
 
 
 @pytest.fixture(scope="module")

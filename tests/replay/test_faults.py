@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
+from agentload.replay.engine.core import ReplayEngine, ReplayOptions, Target, build_http_client
 from agentload.replay.journal import Journal, read_journal, request_frame
-from agentload.replay.metrics import summarize
-from agentload.replay.server import free_port
+from agentload.replay.results.metrics import summarize
+from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 
 FAULTS = ["ok", "http_5xx", "http_4xx", "stall", "cut", "malformed", "server_error",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentload.replay.cache_model import PrefixCacheModel
+from agentload.replay.engine.cache_model import PrefixCacheModel
+from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
-from agentload.replay.fit import FitOptions, check_fits, fit_trace
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.formats import import_trace
 from agentload.traces.model import theoretical_prefix_hits

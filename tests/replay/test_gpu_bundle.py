@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from agentload.replay.agree import tokenizer_for
-from agentload.replay.arms import ArmError, arm_server_spec, load_arms
-from agentload.replay.compare import dry_run_lines
-from agentload.replay.dummy_models import PRESETS, dummy_model, ensure_dummy_model
+from agentload.replay.bench.agree import tokenizer_for
 from agentload.replay.errors import ServerError
-from agentload.replay.gpu_bundle import (
+from agentload.replay.results.compare import dry_run_lines
+from agentload.replay.serve.arms import ArmError, arm_server_spec, load_arms
+from agentload.replay.serve.dummy_models import PRESETS, dummy_model, ensure_dummy_model
+from agentload.replay.serve.gpu_bundle import (
     BundleError,
     elf_section,
     prune_fatbin,
@@ -34,7 +34,7 @@ from agentload.replay.gpu_bundle import (
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_ARMS = ROOT / "arms" / "gpu-1x.toml"
-STAGE = ROOT / "replay" / "gpu_stage.sh"
+STAGE = ROOT / "replay" / "serve" / "gpu_stage.sh"
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def test_console_summary_leads_with_the_verdict_and_shows_acceptance() -> None:
 def test_archives_are_byte_identical_from_the_same_inputs(tmp_path: Path) -> None:
     import time
 
-    from agentload.replay.gpu_bundle import _xz_tar
+    from agentload.replay.serve.gpu_bundle import _xz_tar
 
     src = tmp_path / "src"
     (src / "pkg" / "sub").mkdir(parents=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentload.replay.gpu_telemetry import open_sampler, summarize_gpu
+from agentload.replay.serve.gpu_telemetry import open_sampler, summarize_gpu
 
 
 def _fake_nvml(count: int) -> types.ModuleType:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentload.replay.journal import Journal, RequestRecord, finalize, read_journal
-from agentload.replay.prometheus import MetricsScrape, parse_metrics, prefix_cache_hit_rate
+from agentload.replay.serve.prometheus import MetricsScrape, parse_metrics, prefix_cache_hit_rate
 
 
 def record(i: int) -> RequestRecord:

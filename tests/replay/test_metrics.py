@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from agentload.replay.journal import REQUEST_SCHEMA, request_frame
-from agentload.replay.metrics import decoding_time_s, summarize, with_request_metrics
+from agentload.replay.results.metrics import decoding_time_s, summarize, with_request_metrics
 
 S = 1_000_000_000  # ns per second
 
@@ -108,7 +108,7 @@ def test_schedule_lag_and_pause_error() -> None:
 
 
 def test_per_user_and_per_session_views() -> None:
-    from agentload.replay.metrics import per_session, per_user
+    from agentload.replay.results.metrics import per_session, per_user
 
     rows = [row(i, float(i), 0.1, 0.1 + 0.01 * (i + 1) * 9, 10) for i in range(6)]
     users = per_user(request_frame(rows))
@@ -122,7 +122,7 @@ def test_per_user_and_per_session_views() -> None:
 
 
 def test_bootstrap_interval_brackets_the_estimate_and_validity_names_reasons() -> None:
-    from agentload.replay.metrics import bootstrap_ci, validity
+    from agentload.replay.results.metrics import bootstrap_ci, validity
 
     rng = np.random.default_rng(3)
     rows = []
@@ -147,7 +147,7 @@ def test_bootstrap_gives_no_interval_where_every_draw_is_undefined() -> None:
     import json
     import warnings
 
-    from agentload.replay.metrics import bootstrap_ci
+    from agentload.replay.results.metrics import bootstrap_ci
 
     # Every request's tokens read at once (first token = last token): ITL 0, so the
     # interactivity percentiles (1 / ITL) are undefined in every draw.
@@ -166,7 +166,7 @@ def test_bootstrap_gives_no_interval_where_every_draw_is_undefined() -> None:
 
 
 def test_steady_state_cuts_a_warm_up_transient_and_strata_split_by_depth() -> None:
-    from agentload.replay.metrics import by_context_depth, steady_state, steady_state_start
+    from agentload.replay.results.metrics import by_context_depth, steady_state, steady_state_start
 
     rng = np.random.default_rng(0)
     transient = np.linspace(0.2, 0.02, 30)  # slow while caches and batches fill
@@ -184,7 +184,7 @@ def test_steady_state_cuts_a_warm_up_transient_and_strata_split_by_depth() -> No
 
 
 def test_throughput_intervals_are_batch_means_around_the_run_value() -> None:
-    from agentload.replay.metrics import throughput_ci
+    from agentload.replay.results.metrics import throughput_ci
 
     steady = request_frame([row(i, sent=i * 1.0, ttft=0.1, e2el=1.1, osl=101)
                             for i in range(40)])

@@ -8,8 +8,8 @@ import itertools
 import httpx
 import pytest
 
-from agentload.replay.client import LATE_READ_NS, StreamResult, stream_completion
-from agentload.replay.netstamp import StampedTransport, kernel_stamps_work, stamps_of
+from agentload.replay.client.netstamp import StampedTransport, kernel_stamps_work, stamps_of
+from agentload.replay.client.sse import LATE_READ_NS, StreamResult, stream_completion
 
 
 async def _server(handler: object) -> tuple[asyncio.Server, int]:
@@ -106,8 +106,8 @@ def test_queued_reads_come_as_one_item_and_keep_their_own_stamps(
     """A woken body hands over every queued read at once; each event keeps its read's stamp.
     Wake-ups are batched only while ``LAZY_MIN_STREAMS`` bodies stream (1 here: this one);
     below that (64, the default) every read wakes the body on its own."""
-    from agentload.replay import netstamp
-    from agentload.replay.client import stream_completion
+    from agentload.replay.client import netstamp
+    from agentload.replay.client.sse import stream_completion
 
     monkeypatch.setattr(netstamp, "LAZY_MIN_STREAMS", min_streams)
 
@@ -284,7 +284,7 @@ def test_an_empty_body_returns_its_connection_once() -> None:
     flight for 300 s with no stall reported."""
     from aiohttp import web
 
-    from agentload.replay.server import free_port
+    from agentload.replay.serve.server import free_port
 
     async def completions(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

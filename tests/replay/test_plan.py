@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import orjson
 
-from agentload.replay.engine import ReplayEngine, ReplayOptions, Target
+from agentload.replay.engine.core import ReplayEngine, ReplayOptions, Target
+from agentload.replay.engine.plan import marker_block, plan_play
 from agentload.replay.journal import Journal, read_journal
-from agentload.replay.plan import marker_block, plan_play
 from agentload.traces import Block, SynthConfig, synthesize
 from tests.replay.test_client import Slow
 
@@ -141,7 +141,7 @@ class _IdServer(_Server):
 
 
 def test_actual_outputs_replace_the_answer_blocks_in_later_prompts(tmp_path: Path) -> None:
-    from agentload.replay.prompts import TokenPrompts
+    from agentload.replay.engine.prompts import TokenPrompts
     from agentload.traces import Request, Session, Trace
 
     sys_blocks = tuple(Block(i, 64) for i in range(1, 5))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentload.replay.cli import with_preset
-from agentload.replay.presets import AGENTX, headline_line
+from agentload.replay.engine.presets import AGENTX, headline_line
 from tests.support import run_cli
 
 

@@ -12,14 +12,14 @@ import pytest
 from aiohttp import web
 
 from agentload.replay.errors import ReplayError
-from agentload.replay.profile_window import (
+from agentload.replay.serve.profile_window import (
     ProfileWindowLog,
     parse_window,
     run_profile_window,
     window_effect,
     window_warning,
 )
-from agentload.replay.server import ServerSpec, effective_config, nsys_wrap
+from agentload.replay.serve.server import ServerSpec, effective_config, nsys_wrap
 
 
 def test_nsys_wrap_uses_vllms_recommended_flags(tmp_path: Path) -> None:

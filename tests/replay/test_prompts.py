@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentload.replay.prompts import TextPrompts, TokenPrompts
+from agentload.replay.engine.prompts import TextPrompts, TokenPrompts
 from agentload.traces import Block
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentload.replay.journal import request_frame
-from agentload.replay.metrics import summarize
-from agentload.replay.report import fmt, write_reports
+from agentload.replay.results.metrics import summarize
+from agentload.replay.results.report import fmt, write_reports
 from tests.replay.test_metrics import row
 
 

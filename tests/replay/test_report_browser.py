@@ -9,10 +9,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentload.replay.compare_report import write_comparison
 from agentload.replay.journal import REQUESTS_NAME, request_frame
-from agentload.replay.metrics import bootstrap_ci, summarize, validity
-from agentload.replay.report import write_reports
+from agentload.replay.results.compare_report import write_comparison
+from agentload.replay.results.metrics import bootstrap_ci, summarize, validity
+from agentload.replay.results.report import write_reports
 from tests.replay.test_metrics import row
 from tests.support.browser import distinct_colors, rendered_dom, screenshot
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentload.replay.server import free_port
+from agentload.replay.serve.server import free_port
 from tests.support import run_cli
 
 STAND_IN = """

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentload.replay.errors import ServerError
-from agentload.replay.server import ManagedServer, ServerSpec, free_port, last_log_error
+from agentload.replay.serve.server import ManagedServer, ServerSpec, free_port, last_log_error
 
 # A server that forks a grandchild (as vLLM forks its engine core), writes the
 # grandchild's pid to a file, then answers /health; it ignores SIGINT when asked to, so
@@ -141,7 +141,7 @@ def test_parent_death_signal_reaches_the_server(tmp_path: Path) -> None:
     launcher = tmp_path / "launcher.py"
     launcher.write_text(
         "import sys, time\nfrom pathlib import Path\n"
-        "from agentload.replay.server import ManagedServer, ServerSpec\n"
+        "from agentload.replay.serve.server import ManagedServer, ServerSpec\n"
         f"spec = ServerSpec(argv={spec.argv!r}, host='127.0.0.1', port={spec.port}, "
         "served_model='x', label='x')\n"
         f"s = ManagedServer(spec, Path({str(tmp_path / 's.log')!r})); s.start()\n"

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 from agentload.replay.errors import ReplayError
-from agentload.replay.metrics import with_request_metrics
-from agentload.replay.slo import parse_slo, slo_line, slo_summary
+from agentload.replay.results.metrics import with_request_metrics
+from agentload.replay.results.slo import parse_slo, slo_line, slo_summary
 from tests.support import run_cli
 
 MS = 1_000_000

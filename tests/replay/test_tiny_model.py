@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentload.replay.errors import ServerError
-from agentload.replay.tiny_model import TinyModelSpec, ensure_tiny_model
+from agentload.replay.serve.tiny_model import TinyModelSpec, ensure_tiny_model
 
 
 def digest(directory: Path) -> dict[str, str]:

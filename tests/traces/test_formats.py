@@ -376,7 +376,7 @@ def test_openai_messages_turns_reuse_their_history_and_shared_system_prompts(
 
 
 def test_openai_messages_with_a_real_tokenizer_and_kept_content(tmp_path: Path) -> None:
-    from agentload.replay.tiny_model import ensure_tiny_model
+    from agentload.replay.serve.tiny_model import ensure_tiny_model
 
     model_dir = ensure_tiny_model()
     from tokenizers import Tokenizer

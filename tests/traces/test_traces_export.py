@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from agentload.cli import main
-from agentload.replay.fit import FitOptions, fit_trace
-from agentload.replay.prompts import TokenPrompts
+from agentload.replay.engine.fit import FitOptions, fit_trace
+from agentload.replay.engine.prompts import TokenPrompts
 from agentload.traces import Request, Session, Trace, TraceError
 from agentload.traces.formats import import_trace
 from agentload.traces.formats._export import ExportFormat, PrefixBlocks

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentload.replay.diagnostics import saturation_reasons
+from agentload.replay.client.diagnostics import saturation_reasons
 from agentload.replay.live import Header, LiveBoard, LiveSnapshot
 from agentload.tui import format as f
 from agentload.tui.app import ConfirmStop, DashboardApp, InfoScreen

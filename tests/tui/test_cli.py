@@ -23,7 +23,7 @@ from aiohttp import web
 
 from agentload.replay import cli as replay_cli
 from agentload.replay import live
-from agentload.replay.server import free_port
+from agentload.replay.serve.server import free_port
 from agentload.traces import demo_trace_path
 from agentload.tui.remote import DashboardProcess
 from agentload.tui.synthetic import write_synthetic_run

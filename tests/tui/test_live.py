@@ -18,9 +18,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agentload.replay import diagnostics
-from agentload.replay.diagnostics import ClientDiagnostics, LogHistogram, saturation_reasons
-from agentload.replay.engine import ReplayEngine, ReplayOptions, Target, build_http_client
+from agentload.replay.client import diagnostics
+from agentload.replay.client.diagnostics import ClientDiagnostics, LogHistogram, saturation_reasons
+from agentload.replay.engine.core import ReplayEngine, ReplayOptions, Target, build_http_client
 from agentload.replay.journal import Journal, read_journal, request_frame
 from agentload.replay.live import (
     CLIENT_KEYS,
@@ -31,8 +31,8 @@ from agentload.replay.live import (
     weighted_quantile,
 )
 from agentload.replay.live._board import _Intervals
-from agentload.replay.metrics import summarize
-from agentload.replay.server import free_port
+from agentload.replay.results.metrics import summarize
+from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 from agentload.tui.synthetic import write_synthetic_run
 

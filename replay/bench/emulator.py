@@ -17,7 +17,7 @@ emission-derived TTFT can be computed. The emulator logs its own emission schedu
 ``GET /_emulator/stats``) say whether it was ever near saturation, in which case a
 client measurement against it is not valid.
 
-Run it with ``agentload bench emulator`` or ``python -m agentload.replay.emulator``.
+Run it with ``agentload bench emulator`` or ``python -m agentload.replay.bench.emulator``.
 Plain asyncio protocols (uvloop when installed), hand-written HTTP/1.1 with chunked
 encoding, and a pre-built byte template per stream keep it cheap.
 """
@@ -542,7 +542,7 @@ async def serve(config: EmulatorConfig, ready: asyncio.Event | None = None,
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m agentload.replay.emulator``: serve until SIGINT/SIGTERM."""
+    """``python -m agentload.replay.bench.emulator``: serve until SIGINT/SIGTERM."""
     p = argparse.ArgumentParser(prog="agentload-emulator", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)

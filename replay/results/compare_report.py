@@ -18,16 +18,16 @@ from typing import Any
 
 import polars as pl
 
-from agentload.replay import report_figures as figs
-from agentload.replay.compare_paired import (
+from agentload.replay.errors import ReplayError
+from agentload.replay.journal import REQUESTS_NAME
+from agentload.replay.results import report_figures as figs
+from agentload.replay.results.compare_paired import (
     PAIRED_METRICS,
     paired_cells,
     paired_difference,
     paired_lines,
 )
-from agentload.replay.errors import ReplayError
-from agentload.replay.journal import REQUESTS_NAME
-from agentload.replay.report import (
+from agentload.replay.results.report import (
     HEADLINE,
     HIGHER_IS_BETTER,
     LOWER_IS_BETTER,

@@ -32,7 +32,7 @@ def emulator_command(
 
     One event per stream per engine step, an emission stamp in every event.
     """
-    from agentload.replay.emulator import main
+    from agentload.replay.bench.emulator import main
 
     argv = ["--host", host, "--port", str(port), "--ttft-ms", str(ttft_ms), "--itl-ms",
             str(itl_ms), "--jitter-ms", str(jitter_ms), "--tokens-per-event",
@@ -59,7 +59,11 @@ def client_command(
     Delivered vs offered token events/s, CPU per event, stamp error vs emission, events
     per read, loop lag, GC, and ratios (AIPerf too where it is installed).
     """
-    from agentload.replay.client_bench import ClientBenchConfig, client_benchmark, report_lines
+    from agentload.replay.bench.client_bench import (
+        ClientBenchConfig,
+        client_benchmark,
+        report_lines,
+    )
 
     cfg = ClientBenchConfig(streams=streams, requests=requests, max_tokens=max_tokens,
                             workers=workers, ttft_ms=ttft_ms, itl_ms=itl_ms,
@@ -122,7 +126,7 @@ def agree_command(
         return
     if peer != "vllm":
         raise typer.BadParameter(f"{peer!r}: expected vllm or aiperf", param_hint="--peer")
-    from agentload.replay.agree import agree_lines, agreement
+    from agentload.replay.bench.agree import agree_lines, agreement
 
     result = agreement(target, requests=requests, concurrency=concurrency,
                        input_len=input_len, output_len=output_len, runs=runs,
@@ -137,7 +141,11 @@ def agree_command(
 def _agree_aiperf(target: str | None, trace: Path | None, users: int, duration: float,
                   runs: int, seed: int, warmup: float, tokenizer: Path | None,
                   keep: Path | None, as_json: bool) -> None:
-    from agentload.replay.agree_aiperf import PeerRunError, agree_aiperf_lines, agreement_aiperf
+    from agentload.replay.bench.agree_aiperf import (
+        PeerRunError,
+        agree_aiperf_lines,
+        agreement_aiperf,
+    )
 
     if trace is None:
         raise typer.BadParameter("--peer aiperf needs --trace DIR (WEKA session files)",

@@ -17,11 +17,11 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
-from agentload.replay import report_figures as figs
-from agentload.replay.metrics import DEFINITIONS, per_session, per_user
-from agentload.replay.profile_window import window_warning
-from agentload.replay.prometheus import spec_acceptance
-from agentload.replay.slo import slo_line
+from agentload.replay.results import report_figures as figs
+from agentload.replay.results.metrics import DEFINITIONS, per_session, per_user
+from agentload.replay.results.slo import slo_line
+from agentload.replay.serve.profile_window import window_warning
+from agentload.replay.serve.prometheus import spec_acceptance
 
 # (summary key, label, unit) of the headline table, in the order the seed asks about.
 HEADLINE = (

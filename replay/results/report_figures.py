@@ -19,7 +19,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from agentload.replay.journal import SERVER_METRICS_NAME
-from agentload.replay.metrics import per_user, with_request_metrics
+from agentload.replay.results.metrics import per_user, with_request_metrics
 
 # Beyond this many points a scatter switches to WebGL, which stays responsive.
 _GL_POINTS = 5000

@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from agentload.replay.client_bench import aiperf_status, vllm_bench_available
-from agentload.replay.engine import ReplayOptions
+from agentload.replay.bench.client_bench import aiperf_status, vllm_bench_available
+from agentload.replay.engine.core import ReplayOptions
+from agentload.replay.engine.prompts import TokenPrompts
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import CHUNKS_NAME
-from agentload.replay.prompts import TokenPrompts
 from agentload.traces import Block, Request, Session, Trace
 
 METRICS = ("ttft", "tpot", "itl")
@@ -164,8 +164,8 @@ VLLM_BENCH_IDENTICAL = (
 def tokenizer_for(served_model: str) -> Path:
     """The tokenizer ``vllm bench serve`` needs for a server agentload can build the model
     of: a dummy-weight preset's directory, else the embedded tiny model's."""
-    from agentload.replay.dummy_models import PRESETS, ensure_dummy_model, served_name
-    from agentload.replay.tiny_model import ensure_tiny_model
+    from agentload.replay.serve.dummy_models import PRESETS, ensure_dummy_model, served_name
+    from agentload.replay.serve.tiny_model import ensure_tiny_model
 
     for preset in PRESETS.values():
         if served_model == served_name(preset):
@@ -370,7 +370,7 @@ def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Itera
     if url is not None:
         yield url.rstrip("/")
         return
-    from agentload.replay.server import embedded_server_spec, serving
+    from agentload.replay.serve.server import embedded_server_spec, serving
     spec = embedded_server_spec()
     say("starting the embedded vLLM CPU server ...")
     with serving(spec, workdir / "server.log", progress=lambda _: None):

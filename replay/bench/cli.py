@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 import typer
 
-from agentload.replay.engine import ReplayOptions
-from agentload.replay.fit import FitOptions
+from agentload.replay.engine.core import ReplayOptions
+from agentload.replay.engine.fit import FitOptions
 from agentload.replay.run import new_cache_salt, run_replay
-from agentload.replay.server import embedded_server_spec, serving
+from agentload.replay.serve.server import embedded_server_spec, serving
 from agentload.traces.formats import load_any
 
 DEFAULT_TRACE = Path("tests/data/weka")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentload.replay.errors import ServerError
-from agentload.replay.tiny_model import (
+from agentload.replay.serve.tiny_model import (
     COMPLETE_MARKER,
     build_once,
     default_cache_dir,

@@ -20,7 +20,7 @@ The stamps of the read that produced the bytes just yielded are in
 difference is the client's own error: time the bytes waited in the socket while the
 loop served other streams. When the client falls behind, one read drains several
 events and they share the stamp of the latest segment, so events per read > 1 is
-reported too (``agentload.replay.diagnostics``).
+reported too (``agentload.replay.client.diagnostics``).
 
 Failures map onto httpx's exceptions as httpcore's would (``ConnectError``,
 ``ConnectTimeout``, ``ReadTimeout``, ``RemoteProtocolError``, ``ReadError``), so the

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from agentload.replay.client import StreamResult
+from agentload.replay.client.sse import StreamResult
 
 # The error budget of a valid run: beyond any of these the client, not the server, may
 # be what the numbers show.

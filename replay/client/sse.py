@@ -2,7 +2,7 @@
 
 Per-event work is stamp first, parse after: the arrival time is read the moment a read
 returns, before any JSON is decoded, so parsing cost never shifts a timestamp. Over
-``agentload.replay.netstamp.StampedTransport`` the stamps come from the transport's read
+``agentload.replay.client.netstamp.StampedTransport`` the stamps come from the transport's read
 callback instead: the kernel's receive time of the read (the arrival time used, where the
 kernel gives one) and the Python time the loop served the socket; their difference per
 token chunk is kept as the client's own error (``chunk_user_ns``), and token events per
@@ -24,7 +24,7 @@ from typing import Any, Literal
 import httpx
 import orjson
 
-from agentload.replay.netstamp import stamps_of
+from agentload.replay.client.netstamp import stamps_of
 
 # How a request failed; the summary counts each kind.
 ErrorKind = Literal["refused", "connect_timeout", "http_4xx", "http_5xx", "stall", "timeout",

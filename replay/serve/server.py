@@ -88,7 +88,7 @@ def embedded_server_spec(
 ) -> ServerSpec:
     """The embedded CPU server: vLLM's CPU build serving the locally built tiny Llama."""
     # The embedded server is the built-in embedded arm; arms builds on this module.
-    from agentload.replay.arms import Arm, arm_server_spec
+    from agentload.replay.serve.arms import Arm, arm_server_spec
 
     arm = Arm("embedded", "built-in", {"embedded": True, "kv_cache_gib": kv_cache_gib,
                                        "max_num_seqs": max_num_seqs})

@@ -36,14 +36,11 @@ import httpx
 import numpy as np
 import orjson
 
-from agentload.replay.cache_model import PrefixCacheModel, server_block_keys
-from agentload.replay.client import StreamResult, stream_completion
-from agentload.replay.diagnostics import ClientDiagnostics
-from agentload.replay.journal import Journal, RequestRecord
-from agentload.replay.live import Header, LiveBoard, client_figures
-from agentload.replay.metrics import MAX_ERROR_RATE
-from agentload.replay.pacing import IdleCap, Shift
-from agentload.replay.plan import (
+from agentload.replay.client.diagnostics import ClientDiagnostics
+from agentload.replay.client.sse import StreamResult, stream_completion
+from agentload.replay.engine.cache_model import PrefixCacheModel, server_block_keys
+from agentload.replay.engine.pacing import IdleCap, Shift
+from agentload.replay.engine.plan import (
     PRIME_SUFFIX,
     WARM_BARRIER,
     PlannedRequest,
@@ -58,7 +55,10 @@ from agentload.replay.plan import (
     plan_play_at,
     shared_block_ids,
 )
-from agentload.replay.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
+from agentload.replay.engine.prompts import DEFAULT_TOKEN_ID_RANGE, TextPrompts, TokenPrompts
+from agentload.replay.journal import Journal, RequestRecord
+from agentload.replay.live import Header, LiveBoard, client_figures
+from agentload.replay.results.metrics import MAX_ERROR_RATE
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.headers import SESSION_HEADER
 
@@ -721,7 +721,7 @@ def build_http_client(options: ReplayOptions, base_url: str | None = None) -> ht
     """
     from httpx_aiohttp import AiohttpTransport
 
-    from agentload.replay.netstamp import StampedTransport
+    from agentload.replay.client.netstamp import StampedTransport
 
     # The read timeout bounds the gap between chunks (a stall); the engine bounds the total.
     timeout = httpx.Timeout(options.stall_timeout_s, connect=options.connect_timeout_s)

@@ -39,8 +39,8 @@ from typing import Annotated, Any
 import typer
 
 from agentload import __version__
-from agentload.replay.dummy_models import PRESETS, ensure_dummy_model
 from agentload.replay.errors import ReplayError
+from agentload.replay.serve.dummy_models import PRESETS, ensure_dummy_model
 
 VLLM_VERSION = "0.26.0"
 PYTHON_VERSION = "3.12"
@@ -71,7 +71,7 @@ class Requirements:
 
 def requirements() -> Requirements:
     """The pinned lists in ``gpu_requirements.txt``, by section."""
-    text = resources.files("agentload.replay").joinpath("gpu_requirements.txt").read_text()
+    text = resources.files("agentload.replay.serve").joinpath("gpu_requirements.txt").read_text()
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for raw in text.splitlines():
@@ -279,7 +279,7 @@ def build_bundle(out: Path, *, arch: int = 90, wheelhouse: Path | None = None,
     vllm_info = pack_vllm(_wheel_for(wheelhouse, f"vllm=={VLLM_VERSION}"), out, arch, say)
     site_info = pack_site(wheelhouse, reqs, agentload_wheel, out, say)
     stage = out / "stage.sh"
-    stage.write_text(resources.files("agentload.replay").joinpath("gpu_stage.sh").read_text())
+    stage.write_text(resources.files("agentload.replay.serve").joinpath("gpu_stage.sh").read_text())
     stage.chmod(0o755)
     pieces = {}
     for name in ("vllm.tar.xz", "site.tar.xz"):

@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agentload.replay.emulator import EMULATOR_MODEL
+from agentload.replay.bench.emulator import EMULATOR_MODEL
+from agentload.replay.bench.workers import ShardResult, ShardSpec, run_shards, split
 from agentload.replay.errors import ReplayError
-from agentload.replay.server import free_port
-from agentload.replay.workers import ShardResult, ShardSpec, run_shards, split
+from agentload.replay.serve.server import free_port
 
 VLLM_BENCH = ("import argparse, sys\n"
               "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -90,7 +90,7 @@ def _ms(values: np.ndarray) -> dict[str, float | None]:
 def emulator(cfg: ClientBenchConfig, log: Path, cpu: int | None = None) -> Iterator[str]:
     """Start the emulator in its own process; yield its base URL; stop it."""
     port = free_port()
-    argv = [sys.executable, "-m", "agentload.replay.emulator", "--port", str(port),
+    argv = [sys.executable, "-m", "agentload.replay.bench.emulator", "--port", str(port),
             "--ttft-ms", str(cfg.ttft_ms), "--itl-ms", str(cfg.itl_ms),
             "--jitter-ms", str(cfg.jitter_ms), "--tokens-per-event", str(cfg.tokens_per_event),
             "--nice", "-10"]
@@ -251,7 +251,7 @@ def run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
     host = busy_cores(before, host_busy())
     out["host_busy_cores"] = host
     out["host_load_avg"] = os.getloadavg()
-    from agentload.replay.diagnostics import saturation_reasons
+    from agentload.replay.client.diagnostics import saturation_reasons
     wall = time.perf_counter() - t0
     out["saturation_reasons"] = saturation_reasons({
         "cpu_cores": None,  # several workers: judged per event below, not per core
@@ -421,7 +421,7 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         agent["emulator"] = emulator_stats(url, reset=True)
         vllm: dict[str, Any] = {"ran": False, "reason": "not asked (--no-vllm-bench)"}
         if cfg.vllm_bench:
-            from agentload.replay.tiny_model import ensure_tiny_model
+            from agentload.replay.serve.tiny_model import ensure_tiny_model
             note("vllm bench serve against the same emulator ...")
             before = host_busy()
             vllm = run_vllm_bench(url, cfg, workdir, ensure_tiny_model(),

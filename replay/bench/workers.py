@@ -109,8 +109,8 @@ async def play_shard(spec: ShardSpec, start_at_ns: int, model: str) -> ShardResu
     """Play ``spec`` in this process's running loop, starting at ``start_at_ns``."""
     import httpx
 
-    from agentload.replay.client import stream_completion
-    from agentload.replay.netstamp import StampedTransport, kernel_stamps_work
+    from agentload.replay.client.netstamp import StampedTransport, kernel_stamps_work
+    from agentload.replay.client.sse import stream_completion
 
     out = ShardResult(spec.index)
     transport: httpx.AsyncBaseTransport
@@ -197,7 +197,7 @@ async def play_shard(spec: ShardSpec, start_at_ns: int, model: str) -> ShardResu
 
 def prepare_process(spec: ShardSpec) -> str:
     """Pin, pick the loop and quiet the GC, as a measuring worker should; the loop's name."""
-    from agentload.replay.emulator import install_uvloop
+    from agentload.replay.bench.emulator import install_uvloop
 
     if spec.cpu is not None:
         os.sched_setaffinity(0, {spec.cpu})

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentload.replay.dummy_models import PRESETS as DUMMY_PRESETS
-from agentload.replay.dummy_models import ensure_dummy_model, served_name
 from agentload.replay.errors import ReplayError
-from agentload.replay.server import (
+from agentload.replay.serve.dummy_models import PRESETS as DUMMY_PRESETS
+from agentload.replay.serve.dummy_models import ensure_dummy_model, served_name
+from agentload.replay.serve.server import (
     DEFAULT_HOST,
     EMBEDDED_BLOCK_SIZE,
     EMBEDDED_MAX_MODEL_LEN,
@@ -46,7 +46,11 @@ from agentload.replay.server import (
     embedded_env,
     free_port,
 )
-from agentload.replay.tiny_model import DEFAULT_TINY_MODEL, SERVED_MODEL_NAME, ensure_tiny_model
+from agentload.replay.serve.tiny_model import (
+    DEFAULT_TINY_MODEL,
+    SERVED_MODEL_NAME,
+    ensure_tiny_model,
+)
 
 
 class ArmError(ReplayError):
@@ -59,7 +63,8 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "extends": ((str,), "the name of another arm"),
     "embedded": ((bool,), "true or false"),
     "model": ((str,), "a model name or path"),
-    "dummy_model": ((str,), "the name of a dummy-weight preset (agentload.replay.dummy_models)"),
+    "dummy_model": ((str,), "the name of a dummy-weight preset "
+                             "(agentload.replay.serve.dummy_models)"),
     "served_model_name": ((str,), "a string"),
     "tensor_parallel_size": ((int,), "an integer >= 1"),
     "pipeline_parallel_size": ((int,), "an integer >= 1"),

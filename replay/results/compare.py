@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentload.replay.arms import (
+from agentload.replay.errors import ReplayError
+from agentload.replay.results.compare_report import write_comparison
+from agentload.replay.run import RunResult, run_replay
+from agentload.replay.serve.arms import (
     Arm,
     ArmError,
     check_gpu_count,
@@ -23,9 +26,6 @@ from agentload.replay.arms import (
     load_arms,
     serve_argv,
 )
-from agentload.replay.compare_report import write_comparison
-from agentload.replay.errors import ReplayError
-from agentload.replay.run import RunResult, run_replay
 
 
 @dataclass(slots=True)

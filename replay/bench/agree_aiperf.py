@@ -44,12 +44,12 @@ import httpx
 import numpy as np
 import polars as pl
 
-from agentload.replay.agree import _target, clients_off, tokenizer_for, worker_cpus
-from agentload.replay.compare_paired import MIN_PAIRS, RESAMPLES, _interval
+from agentload.replay.bench.agree import _target, clients_off, tokenizer_for, worker_cpus
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import REQUEST_SCHEMA, REQUESTS_NAME
-from agentload.replay.metrics import summarize, with_request_metrics
-from agentload.replay.prometheus import MetricsScrape, parse_metrics, prefix_cache_hit_rate
+from agentload.replay.results.compare_paired import MIN_PAIRS, RESAMPLES, _interval
+from agentload.replay.results.metrics import summarize, with_request_metrics
+from agentload.replay.serve.prometheus import MetricsScrape, parse_metrics, prefix_cache_hit_rate
 
 SCENARIO = "inferencex-agentx-mvp"
 AIPERF_LOG = Path("logs") / "aiperf.log"

@@ -1,0 +1,3 @@
+"""From a run's journal to its figures: metrics, reports, comparisons with their
+paired verdicts, SLOs.
+"""
