@@ -109,13 +109,14 @@ def spoiled_by(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
 
 
 def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
-                  output_len: int, salt: int) -> dict[str, Any]:
+                  output_len: int, salt: int, cache_salt: int | None = None) -> dict[str, Any]:
     from agentload.replay.run import new_cache_salt, run_replay
 
     trace = agree_trace(requests, input_len, output_len, salt)
     result = run_replay(trace, run_dir, target_url=url,
                         options=ReplayOptions(users=concurrency, time_scale=0.0,
-                                              cache_salt=new_cache_salt()),
+                                              cache_salt=(new_cache_salt() if cache_salt
+                                                          is None else cache_salt)),
                         progress="none", report=False, say=lambda _: None)
     frame = pl.read_parquet(run_dir / "requests.parquet").filter(pl.col("ok"))
     chunks = pl.read_parquet(run_dir / CHUNKS_NAME).sort("request_id", "index")
@@ -199,7 +200,7 @@ def vllm_bench_argv(url: str, model: str, tokenizer: Path, requests: int, concur
 
 def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int,
              concurrency: int, input_len: int, output_len: int,
-             token_id_range: tuple[int, int], salt: int,
+             token_id_range: tuple[int, int], salt: int, cache_salt: int | None = None,
              timeout_s: float = 1800.0) -> dict[str, Any]:
     from agentload.replay.run import new_cache_salt
 
@@ -210,7 +211,7 @@ def vllm_run(url: str, workdir: Path, model: str, tokenizer: Path, requests: int
     name = f"vllm-agree-{time.monotonic_ns()}.json"
     spec_path = workdir / (name + ".prompts.json")
     prompts = agree_prompts(requests, input_len, output_len, salt, token_id_range,
-                            new_cache_salt())
+                            new_cache_salt() if cache_salt is None else cache_salt)
     spec_path.write_text(json.dumps({"prompts": prompts, "output_len": output_len}))
     stat_path = workdir / (name + ".stat")
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
@@ -382,8 +383,13 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               say: Callable[[str], None] = lambda _: None,
               workdir: Path | None = None, pin_clients: bool = True,
               server_log: Path | None = None, retries: int = 2,
-              tokenizer: Path | None = None) -> dict[str, Any]:
+              tokenizer: Path | None = None, same_prompts: bool = False) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
+
+    ``same_prompts``: both runs of a pair send the very same token ids, so the server
+    does the same work for both (its speed on a dummy-weight MoE depends on the prompts,
+    which route the tokens); the server must not cache prefixes, else the second run of
+    the pair is served from the first one's cache (an error says so).
 
     A pair in which either tool read over ``SPOILED_SHARE`` of its token events
     together (``spoiled_by``) is set aside and run again, up to ``retries`` times in
@@ -394,7 +400,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     at ``url`` whose ``server_log`` is given. Unpinned on the 2-core CI machine, one
     run in two read whole 48-token answers in one read and measured a TPOT of 0.
     """
-    from agentload.replay.run import detect_token_id_range, probe_target
+    from agentload.replay.run import detect_token_id_range, new_cache_salt, probe_target
 
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
         raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "
@@ -429,17 +435,30 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             attempt += 1
             say(f"run {i + 1}/{runs}: agentload ...")
             before, ticks = server_counters(base), host_ticks()
+            # Same prompts: one salt and one cache salt for both runs of the pair.
+            shared = new_cache_salt() if same_prompts else None
             mine = agentload_run(base, workdir / f"agentload{attempt}", requests, concurrency,
-                                 input_len, output_len, salt=2 * attempt - 1)
+                                 input_len, output_len, salt=2 * attempt - 1,
+                                 cache_salt=shared)
             mine["server"] = counters_delta(before, server_counters(base), probes)
             mine["host"] = host_share(ticks, host_ticks())
             say(f"run {i + 1}/{runs}: vllm bench serve ...")
             before = server_counters(base)
             other = vllm_run(base, workdir, model, tokenizer, requests, concurrency,
-                             input_len, output_len, token_id_range, salt=2 * attempt)
+                             input_len, output_len, token_id_range,
+                             salt=2 * attempt - 1 if same_prompts else 2 * attempt,
+                             cache_salt=shared)
             if not other.get("ran"):
                 raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
             other["server"] = counters_delta(before, server_counters(base))
+            hits = other["server"].get("prefix_cache_hits_total") or 0
+            if same_prompts and hits > requests:  # a few shared leading blocks are not
+                raise ReplayError(
+                    f"--same-prompts: the server served {hits:,.0f} of vllm bench serve's "
+                    "prompt tokens from its prefix cache (agentload had just sent the same "
+                    "prompts): start it without prefix caching (vllm serve "
+                    "--no-enable-prefix-caching, or an arm with enable_prefix_caching = "
+                    "false)")
             for run in (mine, other):
                 run["server_ms"] = server_means_ms(run["server"])
             why = spoiled_by(mine, other)
@@ -467,10 +486,11 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     view = {"agentload": server_view(ours), "vllm_bench": server_view(theirs)}
     worst = max((abs(r - 1) for m in ("ttft", "tpot") for r in ratios[m].values()
                  if r is not None), default=None)
-    medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in ("ttft", "tpot"))
+    medians_within = all(_within(ratios[m]["p50_ms"], 0.03) for m in METRICS)
+    paired_within = all(_within(paired[m]["p50_ms"], 0.03) for m in METRICS)
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
-                       "retries": retries,
+                       "retries": retries, "same_prompts": same_prompts,
                        "model": model,
                        "client_cpus": sorted(pinned) if pinned is not None else None},
             "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
@@ -481,7 +501,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             "set_aside": set_aside,
             "spoiled_kept": sum("kept_though" in o for o in ours),
             "aiperf": {"ran": False, "reason": aiperf_status() or "not wired"},
-            "medians_within_3pct": medians_within, "worst_deviation": worst}
+            "medians_within_3pct": medians_within, "paired_within_3pct": paired_within,
+            "worst_deviation": worst}
 
 
 def server_view(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -527,7 +548,9 @@ def _num(x: float | None, digits: int) -> str:
 def agree_lines(r: dict[str, Any]) -> list[str]:
     c = r["config"]
     lines = [f"agreement on {c['model']}: {c['requests']} requests, ISL {c['input_len']}, OSL "
-             f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs",
+             f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs"
+             + (", the same prompts for both tools in each pair" if c.get("same_prompts")
+                else ""),
              f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
     if c.get("client_cpus"):
         lines.insert(1, f"  both clients on CPU {c['client_cpus']}, off the server "
@@ -544,10 +567,14 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
                          f"{(f'{pr:.3f}' if pr is not None else 'n/a'):>8}")
     lines.append("  TTFT = first token chunk - sent; TPOT = (last - first chunk) / (OSL - 1) "
                  "per request (agentload's ITL); ITL = per-chunk gaps")
-    lines.append("  medians (TTFT, TPOT P50) within 3 %: "
+    lines.append("  medians of runs (TTFT, TPOT, ITL P50) within 3 %: "
                  + ("yes" if r["medians_within_3pct"] else "NO")
                  + f"; agentload runs whose client diagnostics were clean: "
                  f"{r['client_valid_runs']}/{c['runs']}")
+    if "paired_within_3pct" in r:
+        lines.append("  paired (each agentload run against the vllm bench run right after "
+                     "it, so the server's drift between runs cancels) within 3 %: "
+                     + ("yes" if r["paired_within_3pct"] else "NO"))
     for x in r.get("set_aside", ()):
         lines.append(f"  run {x['run']} was set aside and run again: {x['why']}")
     if r.get("spoiled_kept"):
@@ -576,5 +603,10 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
             lines.append(f"  the server's own mean TTFT moved {min(srv):.1f}-{max(srv):.1f} "
                          f"ms between runs ({max(srv) / min(srv) - 1:.0%}): the part of any "
                          "TTFT gap that no client can remove")
+        itl = [x["server_itl_mean_ms"] for t in ("agentload", "vllm_bench")
+               for x in view[t]["runs"] if x["server_itl_mean_ms"]]
+        if itl:
+            lines.append(f"  and its mean ITL {min(itl):.2f}-{max(itl):.2f} ms "
+                         f"({max(itl) / min(itl) - 1:.0%})")
     lines.append(f"  AIPerf: not run: {r['aiperf']['reason'][:240]}")
     return lines

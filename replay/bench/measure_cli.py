@@ -112,6 +112,10 @@ def agree_command(
         "run before the first measured run (0: none).")] = 20.0,
     keep: Annotated[Path | None, typer.Option(
         "--keep", help="With --peer aiperf: keep every run's folder here.")] = None,
+    same_prompts: Annotated[bool, typer.Option(
+        "--same-prompts", help="Both tools send the very same prompts in each pair, so the "
+        "server does the same work for both (needs a server without prefix caching; "
+        "otherwise each tool gets prompts of its own).")] = False,
 ) -> None:
     """TTFT and ITL P50/P90 of agentload vs vllm bench serve (or AIPerf) on one server.
 
@@ -130,7 +134,7 @@ def agree_command(
 
     result = agreement(target, requests=requests, concurrency=concurrency,
                        input_len=input_len, output_len=output_len, runs=runs,
-                       retries=retries, tokenizer=tokenizer,
+                       retries=retries, tokenizer=tokenizer, same_prompts=same_prompts,
                        say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))

@@ -112,16 +112,23 @@ def test_bunched_share_and_what_spoils_a_pair() -> None:
     assert why is not None and why.startswith("vllm bench serve read 33%")
 
 
+CACHE_SALTS: list[int | None] = []
+
+
 def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[int]:
     """``agreement``'s servers and tools replaced: agentload's attempt k reads
-    ``bunched[k]`` of its events together; the salts each attempt was given."""
+    ``bunched[k]`` of its events together; the salts each attempt was given (and,
+    after them in ``CACHE_SALTS``, the cache salts)."""
     salts: list[int] = []
+    cache_salts = CACHE_SALTS
+    cache_salts.clear()
 
     def ours(base: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
-             output_len: int, salt: int) -> dict[str, object]:
+             output_len: int, salt: int, cache_salt: int | None = None) -> dict[str, object]:
         if run_dir.name == "warmup":
             return {}
         salts.append(salt)
+        cache_salts.append(cache_salt)
         share = bunched[len(salts) // 2]
         tpot = 0.0 if share > 0.5 else 3.0
         f = {m: {"p50_ms": tpot if m != "ttft" else 10.0,
@@ -130,8 +137,10 @@ def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[i
         return {**f, "bunched_share": share, "completed": requests,
                 "client": {"saturation_reasons": []}}
 
-    def theirs(*args: object, salt: int, **kw: object) -> dict[str, object]:
+    def theirs(*args: object, salt: int, cache_salt: int | None = None,
+               **kw: object) -> dict[str, object]:
         salts.append(salt)
+        cache_salts.append(cache_salt)
         f = {m: {"p50_ms": 3.0 if m != "ttft" else 11.0,
                  "p90_ms": 3.0 if m != "ttft" else 13.0, "mean_ms": 10.0}
              for m in ("ttft", "tpot", "itl")}
@@ -238,3 +247,27 @@ def test_worker_cpus_and_pinning_the_clients_off_them(tmp_path: Path) -> None:
     assert os.sched_getaffinity(0) == before
     with clients_off(set(), lambda _: None) as left:
         assert left is None
+
+
+def test_same_prompts_share_salts_in_a_pair_and_refuse_a_caching_server(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    salts = _stub_tools(monkeypatch, [0.0, 0.0])
+    r = agreement("http://x", runs=2, workdir=tmp_path, pin_clients=False,
+                  same_prompts=True)
+    # Each pair: one salt and one cache salt for both tools; the pairs differ.
+    assert salts == [1, 1, 3, 3]
+    assert CACHE_SALTS[0] == CACHE_SALTS[1] and CACHE_SALTS[2] == CACHE_SALTS[3]
+    assert CACHE_SALTS[0] is not None and CACHE_SALTS[0] != CACHE_SALTS[2]
+    assert r["config"]["same_prompts"] and "the same prompts" in agree_lines(r)[0]
+    # Without it, every run has prompts of its own and a cache salt of its own.
+    salts = _stub_tools(monkeypatch, [0.0])
+    agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False)
+    assert salts == [1, 2] and CACHE_SALTS == [None, None]
+    # A server that caches prefixes serves the second run from the first one's cache.
+    _stub_tools(monkeypatch, [0.0])
+    hits = iter([0.0] * 5)  # the start, the probes, the agentload run, before vllm
+    monkeypatch.setattr(agree_module, "server_counters",
+                        lambda base: {"prefix_cache_hits_total": next(hits, 5000.0)})
+    with pytest.raises(ReplayError, match="without prefix caching"):
+        agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False,
+                  same_prompts=True)
