@@ -200,3 +200,26 @@ def test_full_graph_decode_layers_hold_the_same_gpu_ops_as_eager_ones() -> None:
     assert in_layers / total > 0.90  # 11 MoE layers: 91 %
     assert split / total > 0.98  # + the prelude (embedding, dense layer) and postlude
     assert named / total > 0.99  # + the LM head and sampler; the rest: input preparation
+
+
+def test_agreement_on_the_gpu_server_sets_both_clients_against_its_clock() -> None:
+    """``bench agree`` against ``vllm bench serve`` on the H100 (moe-fullgraph, 3 runs)."""
+    from agentload.replay.bench.agree import agree_lines
+
+    r = json.loads((DATA / "agree_moe_fullgraph_h100.json").read_text())
+    view = r["server_view"]
+    for tool in ("agentload", "vllm_bench"):
+        runs = view[tool]["runs"]
+        assert len(runs) == 3
+        # Each client's mean ITL is the server's own to within 0.5 % in every run ...
+        assert all(abs(x["itl_over_server"] - 1) < 0.005 for x in runs)
+    # ... and agentload's kernel-stamped TTFT sits closer to the server's than vllm bench's.
+    ours = [x["ttft_minus_server_ms"] for x in view["agentload"]["runs"]]
+    theirs = [x["ttft_minus_server_ms"] for x in view["vllm_bench"]["runs"]]
+    assert 0 < max(ours) < min(theirs)
+    # The server itself moved more between runs than the 3 % the tools are held to.
+    itl = [x["server_itl_mean_ms"] for t in ("agentload", "vllm_bench")
+           for x in view[t]["runs"]]
+    assert max(itl) / min(itl) > 1.1
+    lines = agree_lines(r)
+    assert any(line.startswith("  and its mean ITL") for line in lines)
