@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from agentload.kernels import _cache
+from agentload.kernels._cache import loaded_count as loaded_count  # re-exported: tests count loads
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import (
     add_rmsnorm_spec,

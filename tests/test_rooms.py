@@ -8,6 +8,9 @@
 - Every package folder is listed in ``pyproject.toml`` (a missing one silently drops out
   of the wheel).
 - Every name in an ``__all__`` exists.
+- A test imports a private name or module (``_name``) only from the module it is the
+  test of (``tests/.../test_<stem>.py`` for ``<stem>.py`` or ``_<stem>.py``); every other
+  test goes through the public surface.
 
 Each checker runs on the repository and, to show it can fail, on a small tree with the
 breach it looks for.
@@ -140,3 +143,44 @@ def test_every_name_in___all___exists(module: str) -> None:
     loaded = importlib.import_module(module)
     missing = [name for name in getattr(loaded, "__all__", ()) if not hasattr(loaded, name)]
     assert missing == []
+
+
+def private_test_imports(root: Path) -> list[str]:
+    """Tests importing a private name or module of agentload that is not theirs."""
+    found = []
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        if "data" in path.relative_to(root / "tests").parts:
+            continue
+        own = path.stem.removeprefix("test_")
+        for module, names, line in _imports(path):
+            parts = module.split(".")
+            if parts[0] != "agentload":
+                continue
+            private = [p for p in parts[1:] if p.startswith("_")]
+            private += [n for n in names if n.startswith("_")]
+            if not private:
+                continue
+            # The module under test: the last dotted part, or an imported private module.
+            subjects = {parts[-1].lstrip("_")} | {n.lstrip("_") for n in names
+                                                   if n.startswith("_")}
+            if not any(own == s or own.endswith("_" + s) for s in subjects):
+                found.append(f"{path.relative_to(root)}:{line}: private "
+                             f"{', '.join(private)} of {module}")
+    return found
+
+
+def test_tests_use_public_names_except_in_their_own_modules_tests() -> None:
+    assert private_test_imports(ROOT) == []
+
+
+def test_the_test_import_check_catches_a_peek_into_another_module(tmp_path: Path) -> None:
+    tests = tmp_path / "tests" / "tui"
+    tests.mkdir(parents=True)
+    peek = "from agentload.replay.live._board import _Intervals\n"
+    (tests / "test_live.py").write_text(peek)
+    (tests / "test_board.py").write_text(peek)
+    (tests / "test_cache.py").write_text("from agentload.kernels import _cache\n")
+    (tests / "test_ops.py").write_text("from agentload.kernels import _cache, ops\n")
+    found = private_test_imports(tmp_path)
+    assert [f.split(":")[0] for f in found] == ["tests/tui/test_live.py",
+                                                "tests/tui/test_ops.py"]

@@ -30,7 +30,6 @@ from agentload.replay.live import (
     LiveSnapshot,
     weighted_quantile,
 )
-from agentload.replay.live._board import _Intervals
 from agentload.replay.results.metrics import summarize
 from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
@@ -264,14 +263,6 @@ def test_weighted_quantile_gives_each_group_its_weight() -> None:
     assert weighted_quantile(values, np.ones(100), 0.5) == pytest.approx(0.01)
     assert weighted_quantile(values, per_user, 0.9) == pytest.approx(0.1)
     assert weighted_quantile(np.array([math.nan]), np.ones(1), 0.5) is None
-
-
-def test_intervals_union() -> None:
-    iv = _Intervals()
-    for a, b in [(0, 10), (5, 15), (20, 30), (12, 22), (40, 41), (-5, -1)]:
-        iv.add(a, b)
-    assert iv.total == (30 - 0) + 1 + 4
-    assert iv.starts == [-5, 0, 40] and iv.ends == [-1, 30, 41]
 
 
 def test_user_weighting_differs_from_request_weighting(tmp_path: Path) -> None:
