@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from agentload.replay.engine.core import ProgressSnapshot, ReplayEngine, ReplayOptions, Target
 from agentload.replay.errors import ReplayError, ServerError
+from agentload.replay.results.finalize import RunResult
 from agentload.replay.results.metrics import summarize, with_request_metrics
-from agentload.replay.run import RunResult, run_replay
+from agentload.replay.run import run_replay
 from agentload.replay.serve.server import ManagedServer, ServerSpec, embedded_server_spec
 from agentload.replay.serve.tiny_model import TinyModelSpec, ensure_tiny_model
 

@@ -23,16 +23,14 @@ from agentload.replay.errors import ReplayError
 from agentload.replay.live import dashboard_factory
 from agentload.replay.results.compare import compare_arms, dry_run_lines, select_arms
 from agentload.replay.results.compare_report import write_comparison
+from agentload.replay.results.finalize import RunResult, summary_lines, write_results
 from agentload.replay.results.slo import parse_slo
 from agentload.replay.run import (
     ProgressMode,
-    RunResult,
     default_demo_dir,
     new_cache_salt,
     run_replay,
     say_stderr,
-    summary_lines,
-    write_results,
 )
 from agentload.replay.serve.arms import arm_server_spec, check_gpu_count, load_arm, serve_argv
 from agentload.replay.serve.profile_window import parse_window

@@ -18,19 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import secrets
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import httpx
-import polars as pl
 
 from agentload import __version__
 from agentload.replay.engine.core import (
@@ -42,44 +38,27 @@ from agentload.replay.engine.core import (
     build_http_client,
 )
 from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
-from agentload.replay.engine.prompts import (
-    CALIBRATION_BLOCKS,
-    DEFAULT_TOKEN_ID_RANGE,
-    TextPrompts,
-    words_per_token,
-)
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import (
-    GPU_METRICS_NAME,
     JOURNAL_NAME,
     SERVER_METRICS_TEXT,
     Journal,
-    finalize,
-    read_journal,
 )
 from agentload.replay.live import Viewer, open_viewer
-from agentload.replay.results.metrics import (
-    DEFINITIONS,
-    bootstrap_ci,
-    by_context_depth,
-    per_session,
-    per_user,
-    steady_state,
-    summarize,
-    throughput_ci,
-    validity,
-    with_request_metrics,
-)
-from agentload.replay.results.report import HEADLINE, fmt, spec_decode, write_reports
-from agentload.replay.results.slo import slo_line, slo_summary
+from agentload.replay.results.finalize import RunResult, write_json, write_results
+from agentload.replay.results.report import fmt
 from agentload.replay.serve import prometheus
 from agentload.replay.serve.arms import Arm, arm_server_spec, check_gpu_count
-from agentload.replay.serve.gpu_telemetry import GpuSampler, open_sampler, summarize_gpu
+from agentload.replay.serve.gpu_telemetry import GpuSampler, open_sampler
+from agentload.replay.serve.probe import (
+    calibrate_words,
+    check_target_url,
+    detect_token_id_range,
+    probe_target,
+)
 from agentload.replay.serve.profile_window import (
     ProfileWindowLog,
     run_profile_window,
-    window_effect,
-    window_warning,
 )
 from agentload.replay.serve.server import (
     ManagedServer,
@@ -92,7 +71,6 @@ from agentload.replay.serve.server import (
 )
 from agentload.traces import Trace
 from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
-from agentload.traces.headers import PROBE_HEADER
 
 # live: one status line rewritten every second (a TTY); headless: a line every few seconds.
 # dashboard: the Textual dashboard (agentload.tui) draws the run from published snapshots.
@@ -104,142 +82,8 @@ def say_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    run_dir: Path
-    summary: dict[str, Any]
-    report_md: Path | None
-    report_html: Path | None
-    interrupted: bool
-
-
 def new_cache_salt() -> int:
     return secrets.randbits(32)
-
-
-def check_target_url(url: str) -> str:
-    """Normalize ``url`` (no trailing slash) or raise ``ReplayError`` saying what is wrong."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ReplayError(f"--target must be an http(s) URL such as http://127.0.0.1:8000, "
-                          f"got {url!r}")
-    try:
-        _ = parts.port
-    except ValueError:
-        raise ReplayError(f"--target has an invalid port: {url!r}") from None
-    base = url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-def probe_target(base_url: str, model: str | None, api_key: str | None,
-                 timeout_s: float = 10.0) -> tuple[str, dict[str, Any]]:
-    """Ask the server for its models (and version); return (model to use, facts)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-            resp = client.get(base_url + "/v1/models")
-            version = None
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                v = client.get(base_url + "/version")
-                if v.status_code == 200:
-                    version = v.json().get("version")
-    except httpx.HTTPError as exc:
-        reason = str(exc) or type(exc).__name__
-        raise ReplayError(f"cannot reach {base_url}: {reason}") from None
-    if resp.status_code != 200:
-        raise ReplayError(f"{base_url}/v1/models answered HTTP {resp.status_code}; "
-                          "is this an OpenAI-compatible server (and is the API key right)?")
-    try:
-        listing = resp.json().get("data", [])
-        models = [m["id"] for m in listing]
-        max_len = {m["id"]: m.get("max_model_len") for m in listing}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ReplayError(f"{base_url}/v1/models did not return an OpenAI model list") from None
-    if model is None:
-        if not models:
-            raise ReplayError(f"{base_url} serves no models")
-        model = models[0]
-    elif models and model not in models:
-        raise ReplayError(f"{base_url} does not serve model {model!r} (it serves: "
-                          f"{', '.join(models)})")
-    return model, {"models": models, "server_version": version,
-                   "max_model_len": max_len.get(model),
-                   "kv_block_size": _kv_block_size(base_url, headers, timeout_s)}
-
-
-def _kv_block_size(base_url: str, headers: dict[str, str], timeout_s: float) -> int | None:
-    """The server's KV block size from its metrics, so theoretical hits use its blocks."""
-    with (contextlib.suppress(httpx.HTTPError),
-          httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client):
-        resp = client.get(base_url + "/metrics")
-        if resp.status_code == 200:
-            return prometheus.kv_block_size(resp.text)
-    return None
-
-
-def _accepts_token_id(client: httpx.Client, base_url: str, model: str, token_id: int) -> bool:
-    # The probe header lets a recording proxy (``agentload record``) leave probes out.
-    resp = client.post(base_url + "/v1/completions", headers={PROBE_HEADER: "1"},
-                       json={"model": model, "prompt": [token_id], "max_tokens": 1})
-    if resp.status_code == 200:
-        return True
-    if resp.status_code in (400, 422):
-        return False
-    raise ReplayError(f"{base_url}/v1/completions answered HTTP {resp.status_code} to a "
-                      f"one-token probe: {resp.text[:200]}")
-
-
-def detect_token_id_range(base_url: str, model: str, api_key: str | None,
-                          wanted: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
-                          timeout_s: float = 30.0) -> tuple[int, int]:
-    """The part of ``wanted`` inside the target's vocabulary, found with 1-token probes.
-
-    One probe when the vocabulary covers ``wanted`` (the usual case); otherwise a binary
-    search for the largest accepted id (about 15 probes), made before the run's window
-    opens, so they are not in its metrics.
-    """
-    low, high = wanted
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-            if _accepts_token_id(client, base_url, model, high - 1):
-                return wanted
-            low = min(low, 16)
-            if not _accepts_token_id(client, base_url, model, low):
-                raise ReplayError(
-                    f"{base_url} refuses token-id prompts on /v1/completions; agentload's "
-                    "token-id mode needs a vLLM-compatible completions endpoint")
-            good, bad = low, high - 1  # good is accepted, bad is refused
-            while bad - good > 1:
-                mid = (good + bad) // 2
-                if _accepts_token_id(client, base_url, model, mid):
-                    good = mid
-                else:
-                    bad = mid
-    except httpx.HTTPError as exc:
-        raise ReplayError(f"cannot probe {base_url}: {exc}") from None
-    if good + 1 - low < 256:
-        raise ReplayError(f"{base_url}'s vocabulary is too small for token-id prompts "
-                          f"(largest id {good})")
-    return low, good + 1
-
-
-def calibrate_words(base_url: str, model: str, api_key: str | None,
-                    timeout_s: float = 30.0) -> tuple[float, str]:
-    """Words per token for chat prompts, measured with the server's /tokenize."""
-    sample = TextPrompts(0).text(CALIBRATION_BLOCKS)
-    words = sum(b.tokens for b in CALIBRATION_BLOCKS)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-            resp = client.post(base_url + "/tokenize", json={
-                "model": model, "prompt": sample, "add_special_tokens": False})
-        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        count = 0
-    if count <= 0:
-        return 1.0, "no /tokenize on the target: one word per token assumed"
-    return words_per_token(count, words), f"/tokenize: {words} words = {count} tokens"
 
 
 def _prepare_run_dir(run_dir: Path) -> None:
@@ -480,7 +324,7 @@ def run_replay(
             run["options"] = asdict(options)
             run["prompt_mode"] = f"chat text ({wpt:.3f} words per token; {how})"
         run |= {"target": target.public(), "server": facts, "fit": fitted.as_dict()}
-        _write_json(run_dir / "run.json", run)
+        write_json(run_dir / "run.json", run)
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
             client = build_http_client(options, target.base_url)
@@ -494,7 +338,7 @@ def run_replay(
                 f"{options.users} users) against {target.label} -> {run_dir}")
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
             run["gpu_telemetry"] = gpu_note
-            _write_json(run_dir / "run.json", run)
+            write_json(run_dir / "run.json", run)
             # The dashboard (given, or registered by agentload.tui) when one is wanted.
             viewer = open_viewer(progress, viewer, engine.live)
             if progress == "dashboard" and viewer is None:
@@ -528,7 +372,7 @@ def run_replay(
     run["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
-    _write_json(run_dir / "run.json", run)
+    write_json(run_dir / "run.json", run)
     result = write_results(run_dir, report=report)
     if viewer is not None:
         # The dashboard shows where the run went and stays until its user leaves.
@@ -537,120 +381,7 @@ def run_replay(
     return result
 
 
-def write_results(run_dir: Path, report: bool = True,
-                  slo: dict[str, float] | None = None) -> RunResult:
-    """Finalize a run directory: ``requests.parquet``, ``summary.json`` and the reports.
-
-    Works on any run directory with a journal, including one whose replay was killed
-    (``agentload report RUN_DIR``): what completed is kept, the rest is counted as unsent.
-    ``slo`` (else the run's own ``--slo``) adds goodput and who met it (``slo.py``).
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / JOURNAL_NAME).is_file():
-        raise ReplayError(f"{run_dir} holds no run journal ({JOURNAL_NAME})")
-    meta, _ = read_journal(run_dir / JOURNAL_NAME)
-    run_path = run_dir / "run.json"
-    run: dict[str, Any] = (json.loads(run_path.read_text()) if run_path.is_file()
-                           else next((m for m in meta if m.get("type") == "run"), {}))
-    frame = finalize(run_dir)
-    summary = summarize(frame, int(run.get("target", {}).get("gpus", 1)),
-                        run.get("server_prefix_cache_hit_rate"))
-    outcome = run.get("outcome")
-    summary |= {"interrupted": bool(run.get("interrupted", outcome is None)),
-                "definitions": DEFINITIONS}
-    if outcome is not None:
-        summary |= {"requests_sent": outcome["sent"], "requests_not_sent": outcome["skipped"],
-                    "stop_reason": outcome["stop_reason"]}
-    # Requests cut at --duration + --grace: journaled with phase "cut", never measured.
-    summary["requests_cut"] = frame.filter(pl.col("phase") == "cut").height
-    summary["cut_reason"] = (outcome or {}).get("cut_reason") or (
-        "in flight past --duration + --grace" if summary["requests_cut"] else None)
-    summary["traffic"] = traffic_rules(run)
-    summary["ci95"] = bootstrap_ci(frame) | throughput_ci(frame, summary)
-    summary["steady_state"] = steady_state(frame)
-    gpu_path = run_dir / GPU_METRICS_NAME
-    summary["gpu_telemetry"] = (
-        summarize_gpu(pl.read_parquet(gpu_path).to_dicts()) if gpu_path.is_file()
-        else {"available": False, "reason": run.get("gpu_telemetry", "not sampled")})
-    summary["speculative_decoding"] = spec_decode(run)
-    summary["profile_window"] = window_effect(run.get("profile_window"), frame)
-    summary["by_context_depth"] = by_context_depth(frame)
-    summary["client"] = run.get("client_diagnostics") or {
-        "available": False, "reason": "not recorded (interrupted, or an older run)"}
-    summary["validity"] = validity(summary)
-    slo = slo if slo is not None else run.get("slo_s")
-    summary["slo"] = (slo_summary(with_request_metrics(frame.filter(pl.col("phase")
-                                                                      == "measure")),
-                                  slo, summary.get("window_s")) if slo else None)
-    if summary["slo"]:  # flat too, so comparisons put them side by side
-        summary |= {"goodput_req_s": summary["slo"]["goodput_req_s"],
-                    "goodput_tok_s": summary["slo"]["goodput_tok_s"],
-                    "slo_users_meeting_share": summary["slo"]["users"].get("share_meeting_all"),
-                    "slo_sessions_meeting_share":
-                        summary["slo"]["sessions"].get("share_meeting_all")}
-    users = per_user(frame)
-    per_session(frame).write_parquet(run_dir / "per_session.parquet")
-    users.write_parquet(run_dir / "per_user.parquet")
-    user_p90 = [float(x) for x in users["p90_interactivity_tok_s"].drop_nulls()]
-    summary["per_user"] = {
-        "users": users.height,
-        "worst_user_p90_interactivity_tok_s": min(user_p90) if user_p90 else None,
-        "median_user_p90_interactivity_tok_s": statistics.median(user_p90) if user_p90 else None,
-    }
-    _write_json(run_dir / "summary.json", summary)
-    md = page = None
-    if report:
-        md, page = write_reports(run_dir, summary, run, frame)
-    return RunResult(run_dir, summary, md, page, bool(summary["interrupted"]))
-
-
-def traffic_rules(run: dict[str, Any]) -> dict[str, Any]:
-    """Which pacing, cache-bust and end-of-run rules a run used (from its run.json)."""
-    options = run.get("options") or {}
-    fit = run.get("fit") or {}
-    return {
-        "aiperf_compatible": bool(options.get("aiperf_compatible", False)),
-        "pauses": fit.get("pause_rule", "trace"),
-        "pause_cap_s": fit.get("pause_cap_s"),
-        "idle_cap_s": options.get("idle_cap_s"),
-        "session_order": options.get("session_order", "pinned"),
-        "start_at": options.get("start_at", "turn"),
-        "cache_bust": options.get("cache_bust", "head"),
-        "grace_s": options.get("grace_s"),
-        "api": options.get("api", "completions"),
-        "idle_cap_shifts": (run.get("outcome") or {}).get("idle_cap_shifts"),
-    }
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-
-
 def default_demo_dir(root: Path = Path("runs")) -> Path:
     return root / time.strftime("%Y%m%d-%H%M%S")
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The console table printed after a run."""
-    width = max(len(label) for _, label, _ in HEADLINE)
-    lines = []
-    verdict = summary.get("validity") or {}
-    if verdict.get("verdict") == "invalid":  # first, as the HTML report puts it
-        lines.append("  INVALID RUN: " + "; ".join(verdict.get("reasons", [])))
-    profiled = window_warning(summary.get("profile_window"))
-    if profiled:
-        lines.append("  " + profiled)
-    lines.append(f"  {'requests completed':<{width}}  {summary.get('requests_completed')} "
-                 f"({summary.get('requests_failed')} failed)")
-    lines += [f"  {label:<{width}}  {fmt(summary.get(key), unit)}"
-              for key, label, unit in HEADLINE]
-    slo_text = slo_line(summary.get("slo"))
-    if slo_text:
-        lines.append("  " + slo_text)
-    spec = summary.get("speculative_decoding")
-    if spec:
-        length = spec.get("mean_acceptance_length")
-        lines.append(f"  {'Speculative acceptance':<{width}}  {spec['acceptance_rate']:.1%} of "
-                     f"{spec['draft_tokens']:,.0f} drafted tokens"
-                     + (f", mean acceptance length {length:.2f}" if length else ""))
-    return lines

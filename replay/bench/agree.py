@@ -400,7 +400,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     at ``url`` whose ``server_log`` is given. Unpinned on the 2-core CI machine, one
     run in two read whole 48-token answers in one read and measured a TPOT of 0.
     """
-    from agentload.replay.run import detect_token_id_range, new_cache_salt, probe_target
+    from agentload.replay.run import new_cache_salt
+    from agentload.replay.serve.probe import detect_token_id_range, probe_target
 
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
         raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "

@@ -366,7 +366,7 @@ def agreement_aiperf(trace: Path, url: str | None = None, *, users: int = 4,
     ``PeerRunError`` if a run fails (its folder is kept, in ``workdir`` or a temporary
     folder the error names).
     """
-    from agentload.replay.run import probe_target
+    from agentload.replay.serve.probe import probe_target
 
     exe = aiperf_bin(peers)
     if min(users, runs) < 1 or duration_s <= 0 or warmup_s < 0:

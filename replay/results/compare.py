@@ -17,7 +17,8 @@ from typing import Any
 
 from agentload.replay.errors import ReplayError
 from agentload.replay.results.compare_report import write_comparison
-from agentload.replay.run import RunResult, run_replay
+from agentload.replay.results.finalize import RunResult
+from agentload.replay.run import run_replay
 from agentload.replay.serve.arms import (
     Arm,
     ArmError,

@@ -28,8 +28,8 @@ import polars as pl
 import pytest
 
 from agentload.profiler import attribute, load_profile, summarize
+from agentload.replay.results.finalize import write_results
 from agentload.replay.results.report import spec_decode
-from agentload.replay.run import write_results
 from agentload.replay.serve import prometheus
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"

@@ -150,14 +150,14 @@ def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[i
     def target(url: str, workdir: Path, say: object) -> Iterator[str]:
         yield url
 
-    import agentload.replay.run as run_module
+    import agentload.replay.serve.probe as probe_module
     import agentload.replay.serve.tiny_model as tiny
     monkeypatch.setattr(agree_module, "agentload_run", ours)
     monkeypatch.setattr(agree_module, "vllm_run", theirs)
     monkeypatch.setattr(agree_module, "_target", target)
     monkeypatch.setattr(agree_module, "server_counters", lambda base: {})
-    monkeypatch.setattr(run_module, "probe_target", lambda *a: ("tiny", None))
-    monkeypatch.setattr(run_module, "detect_token_id_range", lambda *a: (10, 100))
+    monkeypatch.setattr(probe_module, "probe_target", lambda *a: ("tiny", None))
+    monkeypatch.setattr(probe_module, "detect_token_id_range", lambda *a: (10, 100))
     monkeypatch.setattr(tiny, "ensure_tiny_model", lambda: Path("tok"))
     return salts
 

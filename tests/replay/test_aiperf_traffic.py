@@ -39,7 +39,7 @@ from agentload.replay.engine.plan import (
     shared_block_ids,
 )
 from agentload.replay.journal import JOURNAL_NAME, Journal, read_journal
-from agentload.replay.run import write_results
+from agentload.replay.results.finalize import write_results
 from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace
 from agentload.traces.formats import load_any

@@ -211,7 +211,7 @@ def test_stage_script_fails_loudly_when_an_import_breaks(tmp_path: Path) -> None
 
 
 def test_console_summary_leads_with_the_verdict_and_shows_acceptance() -> None:
-    from agentload.replay.run import summary_lines
+    from agentload.replay.results.finalize import summary_lines
 
     lines = summary_lines({
         "requests_completed": 10, "requests_failed": 0,
