@@ -59,9 +59,9 @@ RCVBUF = 8 << 20
 # woken body hands over every queued read as one ``aiter_raw`` item, with each read's
 # stamps and end offset in ``ReadStamps.batch``, so the generator layers run once per
 # wake-up, not once per read. The thresholds count per stream, and streams start at
-# different times, so wake-ups spread over the engine steps instead of bunching. 64
-# reads (about 20 KiB queued per stream) or a second: a wake-up costs as much as
-# several events, and at a 50 ms ITL a 16-read/100 ms bound woke every second read.
+# different times, so wake-ups spread over the engine steps instead of bunching. The
+# bounds (64 reads, about 20 KiB per stream, or a second) were tuned with `agentload bench
+# client`: docs/results/client-bench.md.
 LAZY_READS = 64
 LAZY_NS = 1_000_000_000
 # Only while this many bodies stream at once: with a few streams there is CPU to spare,
