@@ -19,8 +19,12 @@ from agentload import AgentloadError, __version__
 from agentload.kernels.cli import ceilings_command, kernels_command
 from agentload.profiler.bench import profiler_speed
 from agentload.profiler.cli import app as profile_app
-from agentload.replay.bench.cli import replay_fidelity
-from agentload.replay.bench.measure_cli import agree_command, client_command, emulator_command
+from agentload.replay.bench.cli import (
+    agree_command,
+    client_command,
+    emulator_command,
+    replay_fidelity,
+)
 from agentload.replay.cli import app as replay_app
 from agentload.replay.export_cli import register as register_export
 from agentload.replay.serve.gpu_bundle import bundle_command

@@ -42,6 +42,7 @@ import numpy as np
 import polars as pl
 
 from agentload.replay.bench.client_bench import aiperf_status, vllm_bench_available
+from agentload.replay.bench.hostload import host_share, host_ticks
 from agentload.replay.engine.core import ReplayOptions
 from agentload.replay.engine.prompts import TokenPrompts
 from agentload.replay.errors import ReplayError
@@ -137,29 +138,8 @@ def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, inpu
 
 # ``vllm bench serve`` with its dataset replaced by the prompts in $AGENTLOAD_AGREE_PROMPTS
 # (token-id lists): its request function sends a list prompt as token ids, unchanged.
-VLLM_BENCH_IDENTICAL = (
-    "import argparse, json, os, sys\n"
-    "import vllm.benchmarks.serve as serve\n"
-    "from vllm.benchmarks.datasets import SampleRequest\n"
-    "spec = json.load(open(os.environ['AGENTLOAD_AGREE_PROMPTS']))\n"
-    "def get_samples(args, tokenizer):\n"
-    "    return [SampleRequest(prompt=ids, prompt_len=len(ids),\n"
-    "                          expected_output_len=spec['output_len'], request_id=f'agree{i}')\n"
-    "            for i, ids in enumerate(spec['prompts'])]\n"
-    "serve.get_samples = get_samples\n"
-    "run = serve.benchmark\n"
-    "async def benchmark(*a, **k):\n"  # the host's CPU ticks around the benchmark alone
-    "    stat = os.path.exists('/proc/stat') and os.environ.get('AGENTLOAD_AGREE_STAT')\n"
-    "    t0 = open('/proc/stat').readline() if stat else ''\n"
-    "    try:\n"
-    "        return await run(*a, **k)\n"
-    "    finally:\n"
-    "        if stat:\n"
-    "            open(stat, 'w').write(t0 + open('/proc/stat').readline())\n"
-    "serve.benchmark = benchmark\n"
-    "p = argparse.ArgumentParser()\n"
-    "serve.add_cli_args(p)\n"
-    "serve.main(p.parse_args(sys.argv[1:]))\n")
+# ``vllm bench serve`` on agentload's prompts: vllm_bench_shim.py, run by its path.
+VLLM_BENCH_SHIM = Path(__file__).with_name("vllm_bench_shim.py")
 
 
 def tokenizer_for(served_model: str) -> Path:
@@ -185,7 +165,7 @@ def agree_prompts(requests: int, input_len: int, output_len: int, salt: int,
 def vllm_bench_argv(url: str, model: str, tokenizer: Path, requests: int, concurrency: int,
                     output_len: int, result_dir: Path, name: str) -> list[str]:
     """The ``vllm bench serve`` command line of one agreement run."""
-    return [sys.executable, "-P", "-c", VLLM_BENCH_IDENTICAL, "--backend", "vllm",
+    return [sys.executable, "-P", str(VLLM_BENCH_SHIM), "--backend", "vllm",
             "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random",
             "--random-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
@@ -292,34 +272,6 @@ def server_means_ms(delta: dict[str, float]) -> dict[str, float | None]:
 
 
 
-
-def host_ticks(line: str | None = None) -> tuple[int, int, int] | None:
-    """(busy, steal, all) CPU ticks of the whole host since boot (Linux /proc/stat's
-    first line, or ``line`` read from it)."""
-    try:
-        if line is None:
-            with open("/proc/stat") as fh:
-                line = fh.readline()
-        fields = [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        return None
-    if len(fields) < 4:
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    steal = fields[7] if len(fields) > 7 else 0
-    return sum(fields) - idle - steal, steal, sum(fields)
-
-
-def host_share(before: tuple[int, int, int] | None,
-               after: tuple[int, int, int] | None) -> dict[str, float | None]:
-    """Over a run: the host's busy cores (every tenant) and the share the hypervisor
-    stole, the two things besides the client that move a CPU server's speed."""
-    if before is None or after is None or after[2] <= before[2]:
-        return {"busy_cores": None, "steal_share": None}
-    total = after[2] - before[2]
-    cores = os.cpu_count() or 1
-    return {"busy_cores": (after[0] - before[0]) / total * cores,
-            "steal_share": (after[1] - before[1]) / total}
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:

@@ -1,15 +1,16 @@
-"""``agentload bench replay``: how faithfully a replay keeps the trace's schedule and cache.
+"""``agentload bench emulator | client | agree | replay``: measurement truth, as commands.
 
-It replays the real WEKA sessions (scaled to fit the target) at several user counts
-against one server, side by side in one run, and prints for each: the pause error
-(measured gap minus intended gap), the schedule lag, the share of requests with exact
-OSL, and the server's prefix-cache hit rate next to the theoretical one. Rows with more
-users than the trace has sessions recycle (``--recycle``). Without ``--target`` it
-starts the tiny-model CPU server once for all rows.
+Thin typer wrappers over ``emulator.main``, ``client_bench.client_benchmark``,
+``agree.agreement`` and (``agree --peer aiperf``) ``agree_aiperf.agreement_aiperf``; each
+is usable from Python the same way. ``bench replay`` (``replay_fidelity``) replays the
+real WEKA sessions at several user counts against one server and prints, per count, the
+pause error, the schedule lag, exact OSL and the server's prefix hits beside the
+theoretical ones.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +22,161 @@ from agentload.replay.engine.fit import FitOptions
 from agentload.replay.run import new_cache_salt, run_replay
 from agentload.replay.serve.server import embedded_server_spec, serving
 from agentload.traces.formats import load_any
+
+EMULATOR_HELP = ("Run the loopback SSE emulator (test equipment for measuring clients, not "
+                 "a server to benchmark) until Ctrl-C.")
+
+
+def emulator_command(
+    port: Annotated[int, typer.Option("--port")] = 8100,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="Time to first token.")] = 50.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", help="Engine step (ms).")] = 20.0,
+    jitter_ms: Annotated[float, typer.Option("--jitter-ms", help="Step jitter SD.")] = 0.0,
+    tokens_per_event: Annotated[int, typer.Option("--tokens-per-event")] = 1,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    stats: Annotated[str | None, typer.Option("--stats", help="Write final stats JSON.")
+                     ] = None,
+) -> None:
+    """Run the loopback SSE emulator (test equipment) until Ctrl-C.
+
+    One event per stream per engine step, an emission stamp in every event.
+    """
+    from agentload.replay.bench.emulator import main
+
+    argv = ["--host", host, "--port", str(port), "--ttft-ms", str(ttft_ms), "--itl-ms",
+            str(itl_ms), "--jitter-ms", str(jitter_ms), "--tokens-per-event",
+            str(tokens_per_event), "--seed", str(seed)]
+    main(argv + (["--stats", stats] if stats else []))
+
+
+def client_command(
+    streams: Annotated[int, typer.Option("--streams", help="Concurrent streams.")] = 1000,
+    requests: Annotated[int | None, typer.Option(
+        "--requests", help="Requests in all (default 4 per stream).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 200,
+    workers: Annotated[int, typer.Option("--workers", help="agentload worker processes.")
+                       ] = 2,
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms")] = 50.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms")] = 20.0,
+    tokens_per_event: Annotated[int, typer.Option("--tokens-per-event")] = 1,
+    vllm_bench: Annotated[bool, typer.Option("--vllm-bench/--no-vllm-bench",
+                                             help="Also run vllm bench serve.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Is the client the bottleneck? agentload vs vllm bench serve on the emulator.
+
+    Delivered vs offered token events/s, CPU per event, stamp error vs emission, events
+    per read, loop lag, GC, and ratios (AIPerf too where it is installed).
+    """
+    from agentload.replay.bench.client_bench import (
+        ClientBenchConfig,
+        client_benchmark,
+        report_lines,
+    )
+
+    cfg = ClientBenchConfig(streams=streams, requests=requests, max_tokens=max_tokens,
+                            workers=workers, ttft_ms=ttft_ms, itl_ms=itl_ms,
+                            tokens_per_event=tokens_per_event, vllm_bench=vllm_bench)
+    result = client_benchmark(cfg, say=None if as_json else
+                              (lambda line: typer.echo(line, err=True)))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(report_lines(result)))
+
+
+def agree_command(
+    target: Annotated[str | None, typer.Option(
+        "--target", help="vLLM server URL (default: start the embedded one).")] = None,
+    requests: Annotated[int, typer.Option(
+        "--requests", help="Requests per run and tool (128: ~25 s runs on the embedded CPU "
+        "server; 32-request runs are short enough for the server's own drift to move "
+        "TTFT by 10 %).")] = 128,
+    concurrency: Annotated[int, typer.Option("--concurrency")] = 4,
+    input_len: Annotated[int, typer.Option("--input-len")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len")] = 64,
+    runs: Annotated[int, typer.Option("--runs", help="Runs per tool (medians).")] = 3,
+    retries: Annotated[int, typer.Option(
+        "--retries", help="Pairs run again, in all, when a tool read over 10 % of its token "
+        "events together (its client was held back, not the server).")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="Tokenizer folder of the server's model, for vllm bench serve "
+        "and AIPerf (default: the embedded tiny model's, or the dummy preset's the server "
+        "names).")
+    ] = None,
+    peer: Annotated[str, typer.Option(
+        "--peer", help="vllm: vllm bench serve on synthetic prompts. aiperf: AIPerf's "
+        "AgentX scenario (inferencex-agentx-mvp) and agentload replay on --trace, from "
+        "AIPerf's own virtualenv (`make peers`).")] = "vllm",
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="With --peer aiperf: a folder of WEKA session files.")] = None,
+    duration: Annotated[float, typer.Option(
+        "--duration", help="With --peer aiperf: seconds per run and tool (AIPerf adds a "
+        "10 s grace period and its own warm-up).")] = 60.0,
+    seed: Annotated[int, typer.Option("--seed", help="With --peer aiperf: both tools' "
+                                      "seed.")] = 0,
+    warmup: Annotated[float, typer.Option(
+        "--warmup", help="With --peer aiperf: seconds of the unmeasured agentload warm-up "
+        "run before the first measured run (0: none).")] = 20.0,
+    keep: Annotated[Path | None, typer.Option(
+        "--keep", help="With --peer aiperf: keep every run's folder here.")] = None,
+    same_prompts: Annotated[bool, typer.Option(
+        "--same-prompts", help="Both tools send the very same prompts in each pair, so the "
+        "server does the same work for both (needs a server without prefix caching; "
+        "otherwise each tool gets prompts of its own).")] = False,
+) -> None:
+    """TTFT and ITL P50/P90 of agentload vs vllm bench serve (or AIPerf) on one server.
+
+    The same requests, alternating, median of --runs runs each, with ratios. With
+    --peer aiperf: AIPerf's AgentX scenario and agentload replay on the same --trace
+    folder, users (--concurrency), duration and seed; AIPerf marks such runs
+    submission_valid=false (unsafe_override).
+    """
+    if peer == "aiperf":
+        _agree_aiperf(target, trace, concurrency, duration, runs, seed, warmup, tokenizer,
+                      keep, as_json)
+        return
+    if peer != "vllm":
+        raise typer.BadParameter(f"{peer!r}: expected vllm or aiperf", param_hint="--peer")
+    from agentload.replay.bench.agree import agree_lines, agreement
+
+    result = agreement(target, requests=requests, concurrency=concurrency,
+                       input_len=input_len, output_len=output_len, runs=runs,
+                       retries=retries, tokenizer=tokenizer, same_prompts=same_prompts,
+                       say=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(agree_lines(result)))
+
+
+def _agree_aiperf(target: str | None, trace: Path | None, users: int, duration: float,
+                  runs: int, seed: int, warmup: float, tokenizer: Path | None,
+                  keep: Path | None, as_json: bool) -> None:
+    from agentload.replay.bench.agree_aiperf import (
+        PeerRunError,
+        agree_aiperf_lines,
+        agreement_aiperf,
+    )
+
+    if trace is None:
+        raise typer.BadParameter("--peer aiperf needs --trace DIR (WEKA session files)",
+                                 param_hint="--trace")
+    try:
+        result = agreement_aiperf(trace, target, users=users, duration_s=duration, runs=runs,
+                                  seed=seed, warmup_s=warmup, tokenizer=tokenizer,
+                                  workdir=keep, say=lambda line: typer.echo(line, err=True))
+    except PeerRunError as exc:
+        typer.echo(exc.log_tail, err=True)
+        typer.echo(f"error: {exc}; its folder is kept: {exc.kept}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        typer.echo("\n".join(agree_aiperf_lines(result)))
+
 
 DEFAULT_TRACE = Path("tests/data/weka")
 

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 
 from agentload.replay.bench.emulator import EMULATOR_MODEL
+from agentload.replay.bench.hostload import busy_cores, host_busy
 from agentload.replay.bench.workers import ShardResult, ShardSpec, run_shards, split
 from agentload.replay.errors import ReplayError
 from agentload.replay.serve.server import free_port
@@ -152,25 +153,6 @@ def min_gap_ns(cfg: ClientBenchConfig) -> int:
     """The shortest gap that counts as a separately timed event: a quarter of the ITL
     (jitter moves steps by at most 0.7 ITL; coalesced events are µs apart)."""
     return int(cfg.itl_ms * 1e6 / 4)
-
-
-def host_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole host from /proc/stat, for other tenants' load."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_cores(before: tuple[int, int], after: tuple[int, int]) -> float | None:
-    """Cores the whole host kept busy between two ``host_busy`` samples."""
-    busy, total = after[0] - before[0], after[1] - before[1]
-    if total <= 0:
-        return None
-    return busy / total * (os.cpu_count() or 1)
 
 
 def merge(results: list[ShardResult], min_gap: int = 0) -> dict[str, Any]:
