@@ -143,16 +143,22 @@ class TextPrompts:
 
     Word ``k`` of block ``b`` is picked by the same hash of (salt, b, k) as token-id
     prompts, so equal blocks are equal text and a prompt that extends another extends
-    its text. ``words_per_token`` (measured on the target with /tokenize when it has
-    one) sets how many words stand for a block's tokens; the server's
+    its text. Where the target's tokenizer has enough one-token words (found with its
+    /tokenize), only those are used, one word per token, and lengths are exact; otherwise
+    ``words_per_token`` (measured with /tokenize when the target has it) sets how many
+    words stand for a block's tokens. The server's
     ``usage.prompt_tokens`` is the ISL that gets recorded, and the run reports how far
     it is from the trace's.
     """
 
-    def __init__(self, salt: int, words_per_token: float = 1.0) -> None:
+    def __init__(self, salt: int, words_per_token: float = 1.0,
+                 vocabulary: Sequence[str] | None = None) -> None:
         if not words_per_token > 0:
             raise ValueError("words_per_token must be positive")
-        self._ids = TokenPrompts(salt, 0, len(WORDS))
+        # The target's one-token words, when it has enough (``probe.calibrate_words``):
+        # then a block of n tokens is n words and a prompt's length is exact.
+        self.vocabulary = tuple(vocabulary) if vocabulary else WORDS
+        self._ids = TokenPrompts(salt, 0, len(self.vocabulary))
         self.words_per_token = words_per_token
         # The model's actual answers (``--outputs actual``): text given, not derived.
         self._literals: dict[int, str] = {}
@@ -232,7 +238,8 @@ class TextPrompts:
         def flush() -> None:
             if run:
                 scaled = [Block(b.id, self._words(b)) for b in run]
-                segments.append((False, " ".join(WORDS[i] for i in self._ids.prompt(scaled))))
+                words = self.vocabulary
+                segments.append((False, " ".join(words[i] for i in self._ids.prompt(scaled))))
                 run.clear()
 
         for block in blocks:

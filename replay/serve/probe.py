@@ -14,6 +14,7 @@ import httpx
 from agentload.replay.engine.prompts import (
     CALIBRATION_BLOCKS,
     DEFAULT_TOKEN_ID_RANGE,
+    WORDS,
     TextPrompts,
     words_per_token,
 )
@@ -131,19 +132,49 @@ def detect_token_id_range(base_url: str, model: str, api_key: str | None,
     return low, good + 1
 
 
-def calibrate_words(base_url: str, model: str, api_key: str | None,
-                    timeout_s: float = 30.0) -> tuple[float, str]:
-    """Words per token for chat prompts, measured with the server's /tokenize."""
-    sample = TextPrompts(0).text(CALIBRATION_BLOCKS)
+MIN_VOCABULARY = 16
+"""Fewer one-token words than this, and chat text falls back to words per token."""
+
+
+def one_token_words(client: httpx.Client, base_url: str, model: str) -> tuple[str, ...]:
+    """The built-in words that the target's tokenizer turns into one token each, after a
+    space (as they stand in a prompt), asked of its /tokenize one word at a time."""
+    found = []
+    for word in WORDS:
+        resp = client.post(base_url + "/tokenize", json={
+            "model": model, "prompt": " " + word, "add_special_tokens": False})
+        if resp.status_code != 200:
+            return ()
+        if int(resp.json()["count"]) == 1:
+            found.append(word)
+    return tuple(found)
+
+
+def calibrate_words(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.0
+                    ) -> tuple[float, str, tuple[str, ...] | None]:
+    """How chat prompts are written for the target: (words per token, how it was found,
+    the one-token words to use or None). With /tokenize and enough one-token words, text
+    is made of those alone, one per token, after a check that a 3,200-word sample is
+    3,200 tokens (give or take the first word); else words per token is measured."""
     words = sum(b.tokens for b in CALIBRATION_BLOCKS)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def count(client: httpx.Client, text: str) -> int:
+        resp = client.post(base_url + "/tokenize", json={
+            "model": model, "prompt": text, "add_special_tokens": False})
+        return int(resp.json()["count"]) if resp.status_code == 200 else 0
+
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-            resp = client.post(base_url + "/tokenize", json={
-                "model": model, "prompt": sample, "add_special_tokens": False})
-        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
+            single = one_token_words(client, base_url, model)
+            if len(single) >= MIN_VOCABULARY:
+                got = count(client, TextPrompts(0, 1.0, single).text(CALIBRATION_BLOCKS))
+                if abs(got - words) <= 2:
+                    return 1.0, (f"/tokenize: {len(single)} of {len(WORDS)} words are one "
+                                 f"token each; {words} of them = {got} tokens"), single
+            got = count(client, TextPrompts(0).text(CALIBRATION_BLOCKS))
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        count = 0
-    if count <= 0:
-        return 1.0, "no /tokenize on the target: one word per token assumed"
-    return words_per_token(count, words), f"/tokenize: {words} words = {count} tokens"
+        got = 0
+    if got <= 0:
+        return 1.0, "no /tokenize on the target: one word per token assumed", None
+    return words_per_token(got, words), f"/tokenize: {words} words = {got} tokens", None

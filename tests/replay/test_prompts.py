@@ -38,3 +38,14 @@ def test_token_literals_are_exact() -> None:
     block = Block(7, 4)
     assert prompts.prompt([block, lit])[-3:] == [11, 12, 13]
     assert prompts.prompt([block, lit])[:4] == prompts.prompt([block])
+
+
+def test_a_vocabulary_of_one_token_words_makes_lengths_exact() -> None:
+    words = ("alpha", "beta", "gamma", "delta")
+    texts = TextPrompts(salt=5, vocabulary=words)
+    a, b = Block(1, 40), Block(2, 23)
+    text = texts.text([a, b])
+    # One word per token, drawn only from the vocabulary; equal blocks, equal text.
+    assert len(text.split()) == 63 and set(text.split()) <= set(words)
+    assert text.startswith(texts.text([a]) + " ")
+    assert TextPrompts(salt=5, vocabulary=words).text([a]) == texts.text([a])

@@ -1,0 +1,52 @@
+"""Target probes (``replay/serve/probe.py``): chat words found with a fake /tokenize."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+
+from agentload.replay.engine.prompts import WORDS
+from agentload.replay.serve.probe import MIN_VOCABULARY, calibrate_words
+from agentload.replay.serve.server import free_port
+
+
+def _serve(one_token: set[str]) -> Iterator[str]:
+    """A /tokenize where ``one_token`` words are one token each and others three."""
+    async def tokenize(request: web.Request) -> web.Response:
+        text = (await request.json())["prompt"]
+        return web.json_response({"count": sum(1 if w in one_token else 3
+                                                for w in text.split())})
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    runner = web.AppRunner(app)
+    port = free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+@pytest.mark.parametrize("ones", [40, MIN_VOCABULARY - 1])
+def test_chat_words_are_the_targets_one_token_words_when_enough(ones: int) -> None:
+    one_token = set(WORDS[:ones])
+    for url in _serve(one_token):
+        wpt, how, vocabulary = calibrate_words(url, "m", None)
+    if ones >= MIN_VOCABULARY:
+        assert vocabulary == WORDS[:ones] and wpt == 1.0
+        assert f"{ones} of {len(WORDS)} words are one token" in how
+    else:  # too few: every built-in word, at the measured words per token
+        assert vocabulary is None and 1 / 3 < wpt < 0.4  # most words are 3 tokens
+        assert "words =" in how
