@@ -44,7 +44,15 @@ import httpx
 import numpy as np
 import polars as pl
 
-from agentload.replay.bench.agree import _target, clients_off, tokenizer_for, worker_cpus
+from agentload.replay.bench.agree import (
+    _target,
+    clients_off,
+    counters_delta,
+    server_counters,
+    server_means_ms,
+    tokenizer_for,
+    worker_cpus,
+)
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import REQUEST_SCHEMA, REQUESTS_NAME
 from agentload.replay.results.compare_paired import MIN_PAIRS, RESAMPLES, _interval
@@ -403,20 +411,24 @@ def agreement_aiperf(trace: Path, url: str | None = None, *, users: int = 4,
         for i in range(1, runs + 1):
             say(f"run {i}/{runs}: agentload replay {' '.join(options)} ...")
             before, t0 = prefix_scrape(base), time.monotonic()
+            counters = server_counters(base)
             frame = agentload_run(workdir / f"agentload{i}", url=base, model=model,
                                   trace=trace, users=users, duration_s=duration_s, seed=seed,
                                   options=options)
             ours.append(run_figures(frame) | {
                 "prefix_hit_rate": prefix_cache_hit_rate(before, prefix_scrape(base)),
+                "server_ms": server_means_ms(counters_delta(counters, server_counters(base))),
                 "wall_s": time.monotonic() - t0})
             our_frames.append(frame)
             say(f"run {i}/{runs}: AIPerf {SCENARIO} ...")
             before, t0 = prefix_scrape(base), time.monotonic()
+            counters = server_counters(base)
             frame, aiperf_meta = aiperf_run(exe, workdir / f"aiperf{i}", url=base, model=model,
                                             tokenizer=tokenizer, trace=trace, users=users,
                                             duration_s=duration_s, seed=seed)
             theirs.append(run_figures(frame) | {
                 "prefix_hit_rate": prefix_cache_hit_rate(before, prefix_scrape(base)),
+                "server_ms": server_means_ms(counters_delta(counters, server_counters(base))),
                 "wall_s": time.monotonic() - t0})
             their_frames.append(frame)
     if scratch:
@@ -481,6 +493,17 @@ def agree_aiperf_lines(r: dict[str, Any]) -> list[str]:
         span = f" (95 % interval {ci[0]:.3f}-{ci[1]:.3f})" if ci else " (no interval)"
         lines.append(f"    {e['label']} agentload / AIPerf per request: median "
                      f"{e['median_ratio']:.3f}{span}, {e['pairs']} pairs")
+    # The server's own clock over each tool's run (warm-up and priming requests included):
+    # a TTFT gap the server shows too is the workload's, not the clients'.
+    runs = [(x.get("server_ms") or {}) for x in (*r["agentload_runs"], *r["aiperf_runs"])]
+    if any(runs):
+        n = len(r["agentload_runs"])
+        lines.append("  the server's own means per run (agentload | AIPerf):")
+        for key, label in (("time_to_first_token", "TTFT"), ("request_queue_time", "queue"),
+                           ("request_prefill_time", "prefill"),
+                           ("inter_token_latency", "ITL")):
+            vals = [_cell("{:.1f}", x.get(key)) for x in runs]
+            lines.append(f"    {label:<8}{' / '.join(vals[:n])} | {' / '.join(vals[n:])} ms")
     lines.append("  TTFT = first token - sent; ITL = (E2EL - TTFT) / (OSL - 1) per request; "
                  "ratio = median of per-run agentload / AIPerf; prefix hits = server's "
                  "counter delta over each tool's run")

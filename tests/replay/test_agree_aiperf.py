@@ -233,6 +233,13 @@ def test_lines_say_submission_invalid() -> None:
     assert "submission_valid=false (unsafe_override" in text
     assert "1/P90(ITL) tok/s" in text and "1/P90(E2EL/OSL) tok/s" in text
     assert "211.4" in text  # 1 / 4.7296 ms
+    assert "server's own means" not in text  # no server counters, no such lines
+    ours = run | {"server_ms": {"time_to_first_token": 31.25, "request_queue_time": 0.5,
+                                "request_prefill_time": 20.0, "inter_token_latency": 2.5}}
+    theirs = run | {"server_ms": {"time_to_first_token": 29.0}}
+    text = "\n".join(agree_aiperf_lines(r | {"agentload_runs": [ours],
+                                              "aiperf_runs": [theirs]}))
+    assert "    TTFT    31.2 | 29.0 ms" in text and "    queue   0.5 | n/a ms" in text
 
 
 PEER = ROOT / ".peers" / "aiperf" / ".installed"
