@@ -319,8 +319,8 @@ def run_replay(
         trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
         check_fits(trace_obj, facts.get("max_model_len"))
         if options.api == "chat":
-            wpt, how, vocabulary = calibrate_words(target.base_url, target.model, api_key)
-            options = replace(options, words_per_token=wpt, chat_words=vocabulary)
+            wpt, how, word_tokens = calibrate_words(target.base_url, target.model, api_key)
+            options = replace(options, words_per_token=wpt, chat_word_tokens=word_tokens)
             run["options"] = asdict(options)
             run["prompt_mode"] = f"chat text ({wpt:.3f} words per token; {how})"
         run |= {"target": target.public(), "server": facts, "fit": fitted.as_dict()}

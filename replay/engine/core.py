@@ -101,8 +101,8 @@ class ReplayOptions:
     open_loop: bool = False
     api: Literal["completions", "chat"] = "completions"
     words_per_token: float = 1.0
-    # Chat text from these words only (the target's one-token words), else the built-in list.
-    chat_words: tuple[str, ...] | None = None
+    # Each built-in chat word's token count on the target (exact chat prompt lengths).
+    chat_word_tokens: tuple[int, ...] | None = None
     recycle: bool = False
     seed: int = 0
     start_range: tuple[float, float] = (0.25, 0.75)
@@ -201,7 +201,7 @@ class ReplayEngine:
         self.client = client
         self.prompts = TokenPrompts(options.cache_salt, *target.token_id_range)
         self.texts = TextPrompts(options.cache_salt, options.words_per_token,
-                                 options.chat_words)
+                                 options.chat_word_tokens)
         path = "/v1/chat/completions" if options.api == "chat" else "/v1/completions"
         self._url = target.base_url.rstrip("/") + path
         self._auth = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}

@@ -138,31 +138,63 @@ _WORD_TEXT = (
 WORDS = tuple(_WORD_TEXT.split())
 
 
+EXACT_CACHE_BLOCKS = 1 << 16
+"""Blocks whose exact-length words are kept (a few MB); past it the cache starts over."""
+
+
 class TextPrompts:
     """Maps blocks to deterministic text for chat endpoints (which take no token ids).
 
     Word ``k`` of block ``b`` is picked by the same hash of (salt, b, k) as token-id
     prompts, so equal blocks are equal text and a prompt that extends another extends
-    its text. Where the target's tokenizer has enough one-token words (found with its
-    /tokenize), only those are used, one word per token, and lengths are exact; otherwise
-    ``words_per_token`` (measured with /tokenize when the target has it) sets how many
-    words stand for a block's tokens. The server's
-    ``usage.prompt_tokens`` is the ISL that gets recorded, and the run reports how far
-    it is from the trace's.
+    its text. Given each built-in word's token count on the target's tokenizer (asked of
+    its /tokenize: ``probe.calibrate_words``), a block of n tokens takes its hashed words
+    while they fit in n and ends with one-token words, so lengths are exact with the
+    text's usual words per token; without the counts, ``words_per_token`` (measured with
+    /tokenize when the target has it) sets how many words stand for a block's tokens.
+    The server's ``usage.prompt_tokens`` is the ISL that gets recorded, and the run
+    reports how far it is from the trace's.
     """
 
     def __init__(self, salt: int, words_per_token: float = 1.0,
-                 vocabulary: Sequence[str] | None = None) -> None:
+                 word_tokens: Sequence[int] | None = None) -> None:
         if not words_per_token > 0:
             raise ValueError("words_per_token must be positive")
-        # The target's one-token words, when it has enough (``probe.calibrate_words``):
-        # then a block of n tokens is n words and a prompt's length is exact.
-        self.vocabulary = tuple(vocabulary) if vocabulary else WORDS
-        self._ids = TokenPrompts(salt, 0, len(self.vocabulary))
+        self._ids = TokenPrompts(salt, 0, len(WORDS))
         self.words_per_token = words_per_token
+        self._exact: tuple[np.ndarray, np.ndarray] | None = None
+        if word_tokens is not None:
+            counts = np.asarray(word_tokens, dtype=np.int64)
+            ones = np.flatnonzero(counts == 1)
+            if len(counts) != len(WORDS) or not len(ones) or (counts < 1).any():
+                raise ValueError("word_tokens needs a count >= 1 per built-in word and at "
+                                 "least one one-token word")
+            self._exact = counts, ones
+        self._exact_cache: dict[tuple[int, int], np.ndarray] = {}
         # The model's actual answers (``--outputs actual``): text given, not derived.
         self._literals: dict[int, str] = {}
         self._next_literal = LITERAL_BASE
+
+    def _exact_words(self, block: Block) -> np.ndarray:
+        """Word indices whose token counts sum to ``block.tokens``: the block's hashed
+        words while they fit, then one-token words (hashed too) for the rest."""
+        assert self._exact is not None
+        # Later turns resend earlier blocks: each block's words are worked out once.
+        key = (block.id, block.tokens)
+        cached = self._exact_cache.get(key)
+        if cached is not None:
+            return cached
+        if len(self._exact_cache) >= EXACT_CACHE_BLOCKS:
+            self._exact_cache.clear()
+        counts, ones = self._exact
+        picks = self._ids.block_ids(block)
+        total = np.cumsum(counts[picks])
+        fit = int(np.searchsorted(total, block.tokens, side="right"))
+        rest = block.tokens - (int(total[fit - 1]) if fit else 0)
+        # Each word taken holds >= 1 token, so fit + rest <= tokens: picks suffice.
+        words: np.ndarray = np.concatenate([picks[:fit], ones[picks[fit:fit + rest] % len(ones)]])
+        self._exact_cache[key] = words
+        return words
 
     def _words(self, block: Block) -> int:
         """How many words stand for ``block``: ``tokens * words_per_token``, its fraction
@@ -237,9 +269,12 @@ class TextPrompts:
 
         def flush() -> None:
             if run:
-                scaled = [Block(b.id, self._words(b)) for b in run]
-                words = self.vocabulary
-                segments.append((False, " ".join(words[i] for i in self._ids.prompt(scaled))))
+                if self._exact is not None:
+                    picks = np.concatenate([self._exact_words(b) for b in run])
+                else:
+                    picks = np.asarray(self._ids.prompt(
+                        [Block(b.id, self._words(b)) for b in run]), dtype=np.int64)
+                segments.append((False, " ".join(WORDS[i] for i in picks.tolist())))
                 run.clear()
 
         for block in blocks:

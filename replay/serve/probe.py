@@ -132,30 +132,26 @@ def detect_token_id_range(base_url: str, model: str, api_key: str | None,
     return low, good + 1
 
 
-MIN_VOCABULARY = 16
-"""Fewer one-token words than this, and chat text falls back to words per token."""
-
-
-def one_token_words(client: httpx.Client, base_url: str, model: str) -> tuple[str, ...]:
-    """The built-in words that the target's tokenizer turns into one token each, after a
-    space (as they stand in a prompt), asked of its /tokenize one word at a time."""
-    found = []
+def word_token_counts(client: httpx.Client, base_url: str, model: str
+                      ) -> tuple[int, ...] | None:
+    """Each built-in word's token count after a space (as it stands in a prompt), asked
+    of the target's /tokenize one word at a time; None when it cannot say."""
+    counts = []
     for word in WORDS:
         resp = client.post(base_url + "/tokenize", json={
             "model": model, "prompt": " " + word, "add_special_tokens": False})
         if resp.status_code != 200:
-            return ()
-        if int(resp.json()["count"]) == 1:
-            found.append(word)
-    return tuple(found)
+            return None
+        counts.append(int(resp.json()["count"]))
+    return tuple(counts)
 
 
 def calibrate_words(base_url: str, model: str, api_key: str | None, timeout_s: float = 30.0
-                    ) -> tuple[float, str, tuple[str, ...] | None]:
+                    ) -> tuple[float, str, tuple[int, ...] | None]:
     """How chat prompts are written for the target: (words per token, how it was found,
-    the one-token words to use or None). With /tokenize and enough one-token words, text
-    is made of those alone, one per token, after a check that a 3,200-word sample is
-    3,200 tokens (give or take the first word); else words per token is measured."""
+    each word's token count or None). With /tokenize, every word's count is asked and a
+    3,200-token sample built from the counts is checked to be 3,200 tokens (give or take
+    the first word); then prompt lengths are exact. Else words per token is measured."""
     words = sum(b.tokens for b in CALIBRATION_BLOCKS)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -166,12 +162,14 @@ def calibrate_words(base_url: str, model: str, api_key: str | None, timeout_s: f
 
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-            single = one_token_words(client, base_url, model)
-            if len(single) >= MIN_VOCABULARY:
-                got = count(client, TextPrompts(0, 1.0, single).text(CALIBRATION_BLOCKS))
+            tokens = word_token_counts(client, base_url, model)
+            if tokens is not None and 1 in tokens and min(tokens) >= 1:
+                sample = TextPrompts(0, 1.0, tokens).text(CALIBRATION_BLOCKS)
+                got = count(client, sample)
                 if abs(got - words) <= 2:
-                    return 1.0, (f"/tokenize: {len(single)} of {len(WORDS)} words are one "
-                                 f"token each; {words} of them = {got} tokens"), single
+                    per = len(sample.split()) / words
+                    return per, (f"/tokenize: each word's tokens counted, {words}-token "
+                                 f"sample = {got} tokens ({per:.3f} words per token)"), tokens
             got = count(client, TextPrompts(0).text(CALIBRATION_BLOCKS))
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         got = 0

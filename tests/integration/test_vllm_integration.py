@@ -256,12 +256,12 @@ def test_chat_mode_sends_text_and_keeps_reuse(embedded_server: str, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["requests_completed"] == 10 and s["osl_exact_fraction"] == 1.0
-    # The text is made of the tiny tokenizer's one-token words (found with /tokenize), one
-    # per token: the server counts the trace's ISL plus the chat template's constant
-    # (16-17 tokens on this model), on every request.
+    # Each word's token count is asked of /tokenize, so a block of n tokens is words of n
+    # tokens: the server counts the trace's ISL plus the chat template's constant (16-17
+    # tokens on this model), on every request.
     assert s["server_prefix_cache_hit_rate"] > 0.5  # later turns extend earlier text
     run = json.loads((out / "run.json").read_text())
-    assert run["prompt_mode"].startswith("chat text") and "one token each" in run["prompt_mode"]
+    assert run["prompt_mode"].startswith("chat text") and "tokens counted" in run["prompt_mode"]
     done = pl.read_parquet(out / "requests.parquet").filter(
         pl.col("ok") & (pl.col("phase") == "measure"))
     extra = (done["isl"] - done["isl_requested"]).to_list()

@@ -40,12 +40,20 @@ def test_token_literals_are_exact() -> None:
     assert prompts.prompt([block, lit])[:4] == prompts.prompt([block])
 
 
-def test_a_vocabulary_of_one_token_words_makes_lengths_exact() -> None:
-    words = ("alpha", "beta", "gamma", "delta")
-    texts = TextPrompts(salt=5, vocabulary=words)
-    a, b = Block(1, 40), Block(2, 23)
-    text = texts.text([a, b])
-    # One word per token, drawn only from the vocabulary; equal blocks, equal text.
-    assert len(text.split()) == 63 and set(text.split()) <= set(words)
-    assert text.startswith(texts.text([a]) + " ")
-    assert TextPrompts(salt=5, vocabulary=words).text([a]) == texts.text([a])
+def test_word_token_counts_make_lengths_exact() -> None:
+    from agentload.replay.engine.prompts import WORDS
+
+    # A tokenizer where short words are one token and longer ones two or three.
+    counts = [1 if len(w) <= 3 else 2 if len(w) <= 6 else 3 for w in WORDS]
+    cost = dict(zip(WORDS, counts, strict=True))
+    texts = TextPrompts(salt=5, word_tokens=counts)
+    blocks = [Block(i, n) for i, n in enumerate([64, 1, 2, 17, 63, 640], start=1)]
+    for block in blocks:
+        words = texts.text([block]).split()
+        assert sum(cost[w] for w in words) == block.tokens
+        assert any(cost[w] > 1 for w in words) or block.tokens < 4  # not only 1-token words
+    whole = texts.text(blocks)
+    assert sum(cost[w] for w in whole.split()) == sum(b.tokens for b in blocks)
+    assert whole.startswith(texts.text(blocks[:2]) + " ")  # prompts extend
+    assert TextPrompts(salt=5, word_tokens=counts).text(blocks) == whole
+    assert TextPrompts(salt=6, word_tokens=counts).text(blocks) != whole
