@@ -246,8 +246,7 @@ def _infer_layers(cols: Cols, names: dict[int, str],
     streams = cols["stream"]
     for a, b in itertools.pairwise(bounds):
         if chosen is not None and not chosen[a:b].all():
-            block[a:b] = NOT_INFERRED
-            periods.append((0, 0))
+            periods.append((0, 0))  # not searched: left to its ranges below
             continue
         # The period is searched on the step's busiest stream alone: work a model puts on
         # a side stream (vLLM's shared experts) overlaps the main stream's, and lands

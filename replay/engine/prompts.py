@@ -270,11 +270,11 @@ class TextPrompts:
         def flush() -> None:
             if run:
                 if self._exact is not None:
-                    picks = np.concatenate([self._exact_words(b) for b in run])
+                    picks: list[int] = np.concatenate(
+                        [self._exact_words(b) for b in run]).tolist()
                 else:
-                    picks = np.asarray(self._ids.prompt(
-                        [Block(b.id, self._words(b)) for b in run]), dtype=np.int64)
-                segments.append((False, " ".join(WORDS[i] for i in picks.tolist())))
+                    picks = self._ids.prompt([Block(b.id, self._words(b)) for b in run])
+                segments.append((False, " ".join(WORDS[i] for i in picks)))
                 run.clear()
 
         for block in blocks:

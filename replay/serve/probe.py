@@ -132,17 +132,23 @@ def detect_token_id_range(base_url: str, model: str, api_key: str | None,
     return low, good + 1
 
 
+def _token_count(client: httpx.Client, base_url: str, model: str, text: str) -> int:
+    """``text``'s token count by the target's /tokenize, no special tokens (0: refused)."""
+    resp = client.post(base_url + "/tokenize", json={
+        "model": model, "prompt": text, "add_special_tokens": False})
+    return int(resp.json()["count"]) if resp.status_code == 200 else 0
+
+
 def word_token_counts(client: httpx.Client, base_url: str, model: str
                       ) -> tuple[int, ...] | None:
     """Each built-in word's token count after a space (as it stands in a prompt), asked
     of the target's /tokenize one word at a time; None when it cannot say."""
     counts = []
     for word in WORDS:
-        resp = client.post(base_url + "/tokenize", json={
-            "model": model, "prompt": " " + word, "add_special_tokens": False})
-        if resp.status_code != 200:
+        n = _token_count(client, base_url, model, " " + word)
+        if n <= 0:
             return None
-        counts.append(int(resp.json()["count"]))
+        counts.append(n)
     return tuple(counts)
 
 
@@ -155,22 +161,17 @@ def calibrate_words(base_url: str, model: str, api_key: str | None, timeout_s: f
     words = sum(b.tokens for b in CALIBRATION_BLOCKS)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def count(client: httpx.Client, text: str) -> int:
-        resp = client.post(base_url + "/tokenize", json={
-            "model": model, "prompt": text, "add_special_tokens": False})
-        return int(resp.json()["count"]) if resp.status_code == 200 else 0
-
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
             tokens = word_token_counts(client, base_url, model)
             if tokens is not None and 1 in tokens and min(tokens) >= 1:
                 sample = TextPrompts(0, 1.0, tokens).text(CALIBRATION_BLOCKS)
-                got = count(client, sample)
+                got = _token_count(client, base_url, model, sample)
                 if abs(got - words) <= 2:
                     per = len(sample.split()) / words
                     return per, (f"/tokenize: each word's tokens counted, {words}-token "
                                  f"sample = {got} tokens ({per:.3f} words per token)"), tokens
-            got = count(client, TextPrompts(0).text(CALIBRATION_BLOCKS))
+            got = _token_count(client, base_url, model, TextPrompts(0).text(CALIBRATION_BLOCKS))
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         got = 0
     if got <= 0:

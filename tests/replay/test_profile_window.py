@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -61,6 +63,24 @@ def test_effective_config_reads_the_start_up_log(tmp_path: Path) -> None:
     assert effective_config(tmp_path / "missing.log") == {}
 
 
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+@contextlib.asynccontextmanager
+async def _profiler_server(start: Handler, stop: Handler) -> AsyncIterator[str]:
+    """A local server answering /start_profile and /stop_profile; yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/start_profile", start)
+    app.router.add_post("/stop_profile", stop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def test_window_starts_and_stops_the_server_profiler() -> None:
     calls: list[tuple[str, float]] = []
     t0 = time.monotonic()
@@ -69,27 +89,16 @@ async def test_window_starts_and_stops_the_server_profiler() -> None:
         calls.append((request.path, time.monotonic() - t0))
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_post("/start_profile", record)
-    app.router.add_post("/stop_profile", record)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _profiler_server(record, record) as url:
         log = ProfileWindowLog((0.2, 0.5))
         async with httpx.AsyncClient() as client:
-            await run_profile_window(client, f"http://127.0.0.1:{port}", log, lambda _: None)
+            await run_profile_window(client, url, log, lambda _: None)
             # A replay that ends inside the window still stops the profiler.
             early = ProfileWindowLog((0.0, 30.0))
-            task = asyncio.create_task(run_profile_window(
-                client, f"http://127.0.0.1:{port}", early, lambda _: None))
+            task = asyncio.create_task(run_profile_window(client, url, early, lambda _: None))
             await asyncio.sleep(0.2)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    finally:
-        await runner.cleanup()
     assert [c[0] for c in calls] == ["/start_profile", "/stop_profile"] * 2
     assert 0.15 < calls[0][1] < 0.45 and 0.45 < calls[1][1] < 0.9
     assert [e["status"] for e in log.events] == [200, 200]
@@ -105,20 +114,9 @@ async def test_the_flush_is_timed_and_the_requests_it_slowed_are_counted() -> No
         await asyncio.sleep(0.3)  # the flush
         return web.Response()
 
-    app = web.Application()
-    app.router.add_post("/start_profile", start)
-    app.router.add_post("/stop_profile", stop)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     log = ProfileWindowLog((0.0, 0.1))
-    try:
-        async with httpx.AsyncClient() as client:
-            await run_profile_window(client, f"http://127.0.0.1:{runner.addresses[0][1]}",
-                                     log, lambda _: None)
-    finally:
-        await runner.cleanup()
+    async with _profiler_server(start, stop) as url, httpx.AsyncClient() as client:
+        await run_profile_window(client, url, log, lambda _: None)
     start_ev, stop_ev = log.events
     assert stop_ev["took_s"] >= 0.29 and start_ev["took_s"] < 0.29
     lo, hi = start_ev["sent_ns"], stop_ev["answered_ns"]
