@@ -57,6 +57,10 @@ QUANTILES = (50, 90)
 # 90 ms: 16 events per read, TPOT 0), and the pair is run again.
 BUNCHED_GAP_S = 1e-4
 SPOILED_SHARE = 0.10
+# The embedded server's niceness: its API server and engine-core processes float onto
+# the clients' cores (only the model worker is bound), and each wake-up there preempted
+# the client for up to 0.1 s (docs/results/aiperf-agree.md, 2026-12-07).
+SERVER_NICE = 10
 
 
 def agree_trace(requests: int, input_len: int, output_len: int, salt: int = 0) -> Trace:
@@ -325,8 +329,9 @@ def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Itera
         return
     from agentload.replay.serve.server import embedded_server_spec, serving
     spec = embedded_server_spec()
-    say("starting the embedded vLLM CPU server ...")
-    with serving(spec, workdir / "server.log", progress=lambda _: None):
+    say(f"starting the embedded vLLM CPU server (at nice {SERVER_NICE}: on the clients' "
+        "cores the clients come first) ...")
+    with serving(spec, workdir / "server.log", progress=lambda _: None, nice=SERVER_NICE):
         yield spec.base_url
 
 

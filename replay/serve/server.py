@@ -168,6 +168,23 @@ def _set_parent_death_signal() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def _child_setup(nice: int) -> Callable[[], None] | None:
+    """What the server's process runs before exec: the parent-death signal (Linux) and,
+    with ``nice`` > 0, a lower CPU priority that its processes and threads inherit."""
+    linux = sys.platform == "linux"
+    if not linux and nice <= 0:
+        return None
+
+    def setup() -> None:
+        if linux:
+            _set_parent_death_signal()
+        if nice > 0:
+            with contextlib.suppress(OSError):
+                os.nice(nice)
+
+    return setup
+
+
 class ManagedServer:
     """A server process started from ``spec``; use as a context manager.
 
@@ -183,8 +200,10 @@ class ManagedServer:
         startup_timeout_s: float = 600.0,
         stop_timeout_s: float = 30.0,
         progress: Progress | None = None,
+        nice: int = 0,
     ) -> None:
         self.spec = spec
+        self.nice = nice
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -231,7 +250,7 @@ class ManagedServer:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None,
+                    preexec_fn=_child_setup(self.nice),
                 )
             except OSError as exc:
                 raise ServerError(f"cannot start {self.spec.argv[0]}: {exc.strerror}") from None
@@ -313,10 +332,13 @@ def last_log_error(log_path: Path, max_chars: int = 300) -> str:
 @contextlib.contextmanager
 def serving(
     spec: ServerSpec, log_path: Path, progress: Progress | None = None,
-    startup_timeout_s: float = 600.0,
+    startup_timeout_s: float = 600.0, nice: int = 0,
 ) -> Iterator[ManagedServer]:
-    """``with serving(spec, log) as server:`` — started, healthy, and always stopped."""
+    """``with serving(spec, log) as server:`` — started, healthy, and always stopped.
+
+    ``nice`` > 0 runs the server (all its processes and threads) at that lower CPU
+    priority: where it shares cores with the clients, they come first."""
     server = ManagedServer(spec, log_path, startup_timeout_s=startup_timeout_s,
-                           progress=progress)
+                           progress=progress, nice=nice)
     with server:
         yield server

@@ -88,6 +88,19 @@ def test_start_health_stop_leaves_no_process(tmp_path: Path, ignore_int: bool) -
     assert server.stop() is None  # idempotent
 
 
+def test_nice_lowers_the_priority_of_the_server_and_its_children(tmp_path: Path) -> None:
+    spec = fake_spec(tmp_path)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with ManagedServer(spec, tmp_path / "server.log", stop_timeout_s=1.0, nice=7) as server:
+        assert server.pid is not None
+        grandchild = int((tmp_path / "child.pid").read_text())
+        assert os.getpriority(os.PRIO_PROCESS, server.pid) == min(19, base + 7)
+        assert os.getpriority(os.PRIO_PROCESS, grandchild) == min(19, base + 7)
+    with ManagedServer(fake_spec(tmp_path), tmp_path / "plain.log", stop_timeout_s=1.0) as plain:
+        assert plain.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, plain.pid) == base
+
+
 def test_exception_inside_the_block_still_stops_the_server(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path)
     with pytest.raises(RuntimeError), ManagedServer(spec, tmp_path / "s.log") as server:
