@@ -455,6 +455,28 @@ def _cell(fmt: str, v: float | None) -> str:
     return "n/a" if v is None else fmt.format(v)
 
 
+# A figure "agrees" when agentload / AIPerf is within this of 1, or inside the spread of
+# AIPerf's own repeat runs (issue 24's rule: a peer that moves more than the gap between
+# the tools, run to run, cannot tell them apart).
+AGREE_WITHIN = 0.05
+
+
+def peer_spread(runs: list[dict[str, Any]], key: str) -> float | None:
+    """(max - min) / median of one figure over AIPerf's runs; None under 2 runs."""
+    vals = [float(v) for v in (x.get(key) for x in runs) if v is not None]
+    if len(vals) < 2:
+        return None
+    mid = float(np.median(vals))
+    return (max(vals) - min(vals)) / mid if mid else None
+
+
+def agrees(ratio: float | None, spread: float | None) -> bool | None:
+    """Whether a ratio is within ``AGREE_WITHIN`` of 1 or inside the peer's spread."""
+    if ratio is None:
+        return None
+    return abs(ratio - 1) <= max(AGREE_WITHIN, spread or 0.0)
+
+
 def agree_aiperf_lines(r: dict[str, Any]) -> list[str]:
     """The side-by-side table, per-run values, paired ratios and the validity note."""
     c = r["config"]
@@ -468,8 +490,8 @@ def agree_aiperf_lines(r: dict[str, Any]) -> list[str]:
              f"{str(r.get('submission_valid')).lower()} ({reasons}: a local trace and a run "
              f"under 900 s need --unsafe-override); not an AgentX submission",
              f"  agentload replay {' '.join(c['agentload_options'])}",
-             f"  {'':<24}{'agentload':>11}{'AIPerf':>11}{'ratio':>8}   per run (agentload | "
-             "AIPerf)"]
+             f"  {'':<24}{'agentload':>11}{'AIPerf':>11}{'ratio':>8}{'AIPerf spread':>15}"
+             "   per run (agentload | AIPerf)"]
     if c.get("client_cpus"):
         lines.insert(3, f"  both clients on CPU {c['client_cpus']}, off the server "
                         "worker's cores")
@@ -477,9 +499,12 @@ def agree_aiperf_lines(r: dict[str, Any]) -> list[str]:
         per = (" / ".join(_cell(fmt, x.get(key)) for x in r["agentload_runs"]) + " | "
                + " / ".join(_cell(fmt, x.get(key)) for x in r["aiperf_runs"]))
         ratio = r["ratio"][key]
+        spread = peer_spread(r["aiperf_runs"], key)
+        # "*": further from 1 than both 5 % and AIPerf's own run-to-run spread
+        mark = "*" if agrees(ratio, spread) is False else " "
         lines.append(f"  {label:<24}{_cell(fmt, r['agentload'][key]):>11}"
                      f"{_cell(fmt, r['aiperf'][key]):>11}"
-                     f"{_cell('{:.3f}', ratio):>8}   {per}")
+                     f"{_cell('{:.3f}', ratio):>8}{mark}{_cell('{:.1%}', spread):>14}   {per}")
     p = r["paired"]
     lines.append(f"  the same requests (trace id + turn, same OSL): {p['matched_requests']} "
                  f"pairs of {p['agentload_requests']} agentload and {p['aiperf_requests']} "
@@ -505,6 +530,8 @@ def agree_aiperf_lines(r: dict[str, Any]) -> list[str]:
             vals = [_cell("{:.1f}", x.get(key)) for x in runs]
             lines.append(f"    {label:<8}{' / '.join(vals[:n])} | {' / '.join(vals[n:])} ms")
     lines.append("  TTFT = first token - sent; ITL = (E2EL - TTFT) / (OSL - 1) per request; "
-                 "ratio = median of per-run agentload / AIPerf; prefix hits = server's "
-                 "counter delta over each tool's run")
+                 "ratio = median of per-run agentload / AIPerf; AIPerf spread = (max - min) "
+                 "/ median of its runs; * = ratio further from 1 than both "
+                 f"{AGREE_WITHIN:.0%} and that spread; prefix hits = server's counter delta "
+                 "over each tool's run")
     return lines

@@ -19,12 +19,14 @@ from agentload.replay.bench.agree_aiperf import (
     agentload_traffic_options,
     agree_aiperf_lines,
     agreement_aiperf,
+    agrees,
     aiperf_argv,
     aiperf_bin,
     aiperf_env,
     aiperf_request_id,
     aiperf_run,
     paired_ratios,
+    peer_spread,
     per_request,
     read_aiperf_records,
     run_figures,
@@ -240,6 +242,35 @@ def test_lines_say_submission_invalid() -> None:
     text = "\n".join(agree_aiperf_lines(r | {"agentload_runs": [ours],
                                               "aiperf_runs": [theirs]}))
     assert "    TTFT    31.2 | 29.0 ms" in text and "    queue   0.5 | n/a ms" in text
+
+
+def test_a_gap_inside_the_peers_own_spread_is_not_marked() -> None:
+    # AIPerf's 1/P90(ITL) over three runs spans 298-336 (12.1 % of its median 313.6):
+    # a 9 % gap cannot be told from its own noise; a 9 % gap on a steady figure can.
+    runs = [{"p90_interactivity_tok_s": v, "ttft_p90_ms": t}
+            for v, t in ((298.1, 90.0), (336.0, 90.5), (313.6, 91.0))]
+    assert peer_spread(runs, "p90_interactivity_tok_s") == pytest.approx(37.9 / 313.6)
+    assert peer_spread(runs[:1], "ttft_p90_ms") is None
+    assert agrees(1.090, peer_spread(runs, "p90_interactivity_tok_s")) is True
+    assert agrees(1.090, peer_spread(runs, "ttft_p90_ms")) is False
+    assert agrees(0.96, None) is True and agrees(None, 0.2) is None
+    run = run_figures(read_aiperf_records(RECORDS)) | {"prefix_hit_rate": 0.5}
+    r = {"config": {"trace": "w", "model": "m", "users": 4, "duration_s": 60.0,
+                    "grace_s": 10.0, "seed": 0, "runs": 3, "warmup_s": 20.0,
+                    "scenario": "inferencex-agentx-mvp", "agentload_options": [],
+                    "client_cpus": None},
+         "aiperf_metadata": {}, "submission_valid": False, "agentload": run, "aiperf": run,
+         "ratio": dict.fromkeys(run, 1.0) | {"ttft_p90_ms": 0.8},
+         "agentload_runs": [run] * 3, "aiperf_runs": [run, run, run | {"ttft_p90_ms": 1e3}],
+         "paired": paired_ratios([], [])}
+    lines = agree_aiperf_lines(r)
+    ttft = next(x for x in lines if x.lstrip().startswith("TTFT P90"))
+    p50 = next(x for x in lines if x.lstrip().startswith("TTFT P50"))
+    # the TTFT P90 of AIPerf's runs moved a lot (one run at 1 s): 0.8 is inside it
+    assert "0.800 " in ttft and "*" not in ttft
+    assert "1.000 " in p50 and "0.0%" in p50
+    steady = agree_aiperf_lines(r | {"aiperf_runs": [run] * 3})
+    assert "0.800*" in next(x for x in steady if x.lstrip().startswith("TTFT P90"))
 
 
 PEER = ROOT / ".peers" / "aiperf" / ".installed"
