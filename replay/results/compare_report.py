@@ -40,6 +40,7 @@ from agentload.replay.results.report import (
     plots_html,
     warnings,
 )
+from agentload.replay.serve.profile_window import unprofiled
 
 # Metrics without a bootstrap interval (throughputs, ITL P50) are called equal within this.
 NO_INTERVAL_BAND = 0.05
@@ -117,16 +118,35 @@ def comparison_rows(runs: Sequence[LoadedRun]) -> list[dict[str, Any]]:
 
 
 def paired_results(runs: Sequence[LoadedRun]) -> list[dict[str, Any]]:
-    """Every other run against the first, request by request (``compare_paired``)."""
+    """Every other run against the first, request by request (``compare_paired``).
+
+    Requests in flight while either run's server profiler ran are set aside (the
+    profiler slows the server): ``profiled_set_aside`` counts them per run."""
     base = runs[0]
-    return [{"label": other.label,
-             **paired_difference(base.tables.measured, other.tables.measured)}
-            for other in runs[1:]]
+
+    def clean(run: LoadedRun) -> tuple[pl.DataFrame, int]:
+        measured = run.tables.measured
+        kept = unprofiled(measured, run.run.get("profile_window"))
+        return kept, measured.height - kept.height
+
+    base_kept, base_aside = clean(base)
+    out = []
+    for other in runs[1:]:
+        kept, aside = clean(other)
+        out.append({"label": other.label, **paired_difference(base_kept, kept),
+                    "profiled_set_aside": [base_aside, aside]})
+    return out
 
 
 def paired_rows(paired: list[dict[str, Any]]) -> list[list[str]]:
-    return [[p["label"], f"{p['matched_requests']} of {p['baseline_requests']} / "
-             f"{p['other_requests']}", *paired_cells(p)] for p in paired]
+    def matched(p: dict[str, Any]) -> str:
+        cell = f"{p['matched_requests']} of {p['baseline_requests']} / {p['other_requests']}"
+        aside = p.get("profiled_set_aside") or [0, 0]
+        if any(aside):
+            cell += f" ({aside[0]} / {aside[1]} in a profile window set aside)"
+        return cell
+
+    return [[p["label"], matched(p), *paired_cells(p)] for p in paired]
 
 
 PAIRED_HEADER = ["run vs the baseline", "matched requests",

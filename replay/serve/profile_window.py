@@ -87,16 +87,38 @@ def window_effect(window: dict[str, Any] | None, frame: pl.DataFrame) -> dict[st
     if not window:
         return None
     by_what = {e.get("what"): e for e in window.get("events", [])}
-    start, stop = by_what.get("start_profile"), by_what.get("stop_profile")
     out: dict[str, Any] = {"requested_s": window.get("requested_s"),
-                           "flush_s": (stop or {}).get("took_s")}
-    if not (start and stop and "sent_ns" in start and "answered_ns" in stop):
+                           "flush_s": (by_what.get("stop_profile") or {}).get("took_s")}
+    bounds = window_bounds(window)
+    if bounds is None:
         return out | {"requests_overlapping": None, "share_overlapping": None}
-    lo, hi = int(start["sent_ns"]), int(stop["answered_ns"])
+    lo, hi = bounds
     done = frame.filter((pl.col("phase") == "measure") & pl.col("ok"))
-    hit = done.filter((pl.col("sent_ns") < hi) & (pl.col("done_ns") > lo)).height
+    hit = done.filter(_overlapping(lo, hi)).height
     return out | {"profiled_s": round((hi - lo) / 1e9, 3), "requests_overlapping": hit,
                   "share_overlapping": hit / done.height if done.height else None}
+
+
+def window_bounds(window: dict[str, Any] | None) -> tuple[int, int] | None:
+    """From ``start_profile`` sent to ``stop_profile`` answered (ns on the run's clock),
+    or None without a window or its stamps."""
+    by_what = {e.get("what"): e for e in (window or {}).get("events", [])}
+    start, stop = by_what.get("start_profile"), by_what.get("stop_profile")
+    if not (start and stop and "sent_ns" in start and "answered_ns" in stop):
+        return None
+    return int(start["sent_ns"]), int(stop["answered_ns"])
+
+
+def _overlapping(lo: int, hi: int) -> pl.Expr:
+    return (pl.col("sent_ns") < hi) & (pl.col("done_ns") > lo)
+
+
+def unprofiled(frame: pl.DataFrame, window: dict[str, Any] | None) -> pl.DataFrame:
+    """``frame`` less the requests in flight while the server's profiler ran (their
+    latencies include its cost); all of it without a window. A window without stamps
+    (runs before they were kept) sets nothing aside."""
+    bounds = window_bounds(window)
+    return frame if bounds is None else frame.filter(~_overlapping(*bounds))
 
 
 def window_warning(effect: dict[str, Any] | None) -> str | None:

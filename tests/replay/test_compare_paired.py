@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import polars as pl
 import pytest
@@ -14,7 +17,9 @@ from agentload.replay.results.compare_paired import (
     paired_difference,
     paired_lines,
 )
+from agentload.replay.results.compare_report import LoadedRun, paired_results, paired_rows
 from agentload.replay.results.metrics import with_request_metrics
+from agentload.replay.results.report_figures import RunTables
 from tests.replay.test_metrics import row
 
 
@@ -87,3 +92,27 @@ def test_recycled_plays_pair_play_by_play() -> None:
     r = paired_difference(base, other)
     assert r["matched_requests"] == 20 and r["ttft_s"]["pairs"] == 20
     assert r["ttft_s"]["median_diff_s"] == pytest.approx(0.01)
+
+
+def test_requests_in_a_profile_window_are_left_out_of_the_pairs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    depth = rng.uniform(0.02, 0.2, 40)
+    base = _measured(depth)
+    other = _measured(depth + 0.02)
+    # The other run's server profiled 10.5-20.5 s: its requests sent then took 2 s more.
+    s = 1_000_000_000
+    slowed = (other["sent_ns"] >= 10 * s) & (other["sent_ns"] < 21 * s)
+    other = other.with_columns(pl.when(slowed).then(pl.col("ttft_s") + 2.0)
+                               .otherwise(pl.col("ttft_s")).alias("ttft_s"))
+    window = {"events": [{"what": "start_profile", "sent_ns": int(10.5 * s)},
+                         {"what": "stop_profile", "answered_ns": int(20.5 * s)}]}
+
+    def loaded(label: str, frame: pl.DataFrame, run: dict[str, Any]) -> LoadedRun:
+        return LoadedRun(label, tmp_path, {}, run, RunTables(frame, pl.DataFrame(), frame))
+
+    [r] = paired_results([loaded("a", base, {}), loaded("b", other,
+                                                       {"profile_window": window})])
+    assert r["profiled_set_aside"] == [0, 11]  # sent 10-20 s, 1 s apart, plus the one before
+    assert r["matched_requests"] == 29
+    assert r["ttft_s"]["median_diff_s"] == pytest.approx(0.02, abs=1e-6)
+    assert "(0 / 11 in a profile window set aside)" in paired_rows([r])[0][1]

@@ -18,6 +18,7 @@ from agentload.replay.serve.profile_window import (
     ProfileWindowLog,
     parse_window,
     run_profile_window,
+    unprofiled,
     window_effect,
     window_warning,
 )
@@ -136,3 +137,8 @@ async def test_the_flush_is_timed_and_the_requests_it_slowed_are_counted() -> No
     old = {"requested_s": [1, 2], "events": [{"what": "start_profile", "at_s": 1.0},
                                              {"what": "stop_profile", "at_s": 2.0}]}
     assert window_warning(window_effect(old, frame)) is None
+    # What a comparison keeps: the requests clear of the window (the failed one too,
+    # which overlaps it, goes), everything without a window or its stamps.
+    kept = unprofiled(frame, log.as_dict())
+    assert kept["sent_ns"].to_list() == [lo - 2 * s, hi + 10]
+    assert unprofiled(frame, None).height == unprofiled(frame, old).height == 5
