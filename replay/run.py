@@ -328,9 +328,7 @@ def run_replay(
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
             client = build_http_client(options, target.base_url)
-            engine = ReplayEngine(trace_obj, target, options, journal, client)
-            if slo:  # the dashboard shows who met it as the run goes
-                engine.live.header = replace(engine.live.header, slo=tuple(slo.items()))
+            engine = ReplayEngine(trace_obj, target, options, journal, client, slo=slo)
             planned = (f"{engine.total_requests} requests" if engine.total_requests else
                        f"sessions recycled for {options.duration_s:g} s" if options.duration_s
                        else "sessions recycled")

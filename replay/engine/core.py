@@ -191,7 +191,9 @@ class ReplayEngine:
         options: ReplayOptions,
         journal: Journal,
         client: httpx.AsyncClient,
+        slo: Mapping[str, float] | None = None,
     ) -> None:
+        """``slo``: the ``--slo`` bounds (s), which the dashboard's SLO line follows."""
         if options.users < 1:
             raise ValueError("users must be at least 1")
         self.trace = trace
@@ -249,7 +251,8 @@ class ReplayEngine:
         self.live = LiveBoard(Header(target.label, trace.name, target.gpus,
                                      len(trace.sessions) if options.open_loop else options.users,
                                      self.total_requests, options.duration_s,
-                                     recycle=options.recycle))
+                                     recycle=options.recycle,
+                                     slo=tuple((slo or {}).items())))
         # The client's figures once a second (and summary.json's at the end): journaled,
         # so a playback shows them too, and on the dashboard.
         self.diagnostics.on_figures = self._client_figures
