@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -50,6 +50,7 @@ from agentload.replay.journal import CHUNKS_NAME
 from agentload.traces import Block, Request, Session, Trace
 
 METRICS = ("ttft", "tpot", "itl")
+Transport = Literal["stamped", "aiohttp"]
 QUANTILES = (50, 90)
 # A per-chunk gap this short is no decode step: the client read several events at once
 # and stamped them together. Past this share of a run's gaps, the run measured its own
@@ -114,14 +115,16 @@ def spoiled_by(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
 
 
 def agentload_run(url: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
-                  output_len: int, salt: int, cache_salt: int | None = None) -> dict[str, Any]:
+                  output_len: int, salt: int, cache_salt: int | None = None,
+                  transport: Transport = "stamped") -> dict[str, Any]:
     from agentload.replay.run import new_cache_salt, run_replay
 
     trace = agree_trace(requests, input_len, output_len, salt)
     result = run_replay(trace, run_dir, target_url=url,
                         options=ReplayOptions(users=concurrency, time_scale=0.0,
                                               cache_salt=(new_cache_salt() if cache_salt
-                                                          is None else cache_salt)),
+                                                          is None else cache_salt),
+                                              transport=transport),
                         progress="none", report=False, say=lambda _: None)
     frame = pl.read_parquet(run_dir / "requests.parquet").filter(pl.col("ok"))
     chunks = pl.read_parquet(run_dir / CHUNKS_NAME).sort("request_id", "index")
@@ -340,13 +343,19 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               say: Callable[[str], None] = lambda _: None,
               workdir: Path | None = None, pin_clients: bool = True,
               server_log: Path | None = None, retries: int = 2,
-              tokenizer: Path | None = None, same_prompts: bool = False) -> dict[str, Any]:
+              tokenizer: Path | None = None, same_prompts: bool = False,
+              transport: Transport = "stamped") -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
 
     ``same_prompts``: both runs of a pair send the very same token ids, so the server
     does the same work for both (its speed on a dummy-weight MoE depends on the prompts,
     which route the tokens); the server must not cache prefixes, else the second run of
     the pair is served from the first one's cache (an error says so).
+
+    ``transport``: agentload's HTTP client. ``stamped`` (replay's default) takes each
+    token's time from the kernel's receive stamp; ``aiohttp`` stamps in Python once the
+    chunk is parsed, where ``vllm bench serve`` (aiohttp too) stamps: the difference
+    between the two is the client's own delay to first token.
 
     A pair in which either tool read over ``SPOILED_SHARE`` of its token events
     together (``spoiled_by``) is set aside and run again, up to ``retries`` times in
@@ -397,7 +406,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             shared = new_cache_salt() if same_prompts else None
             mine = agentload_run(base, workdir / f"agentload{attempt}", requests, concurrency,
                                  input_len, output_len, salt=2 * attempt - 1,
-                                 cache_salt=shared)
+                                 cache_salt=shared, transport=transport)
             mine["server"] = counters_delta(before, server_counters(base), probes)
             mine["host"] = host_share(ticks, host_ticks())
             say(f"run {i + 1}/{runs}: vllm bench serve ...")
@@ -449,6 +458,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "retries": retries, "same_prompts": same_prompts,
+                       "transport": transport,
                        "model": model,
                        "client_cpus": sorted(pinned) if pinned is not None else None},
             "agentload": a, "vllm_bench": v, "ratio": ratios, "paired_ratio": paired,
@@ -508,7 +518,9 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
     lines = [f"agreement on {c['model']}: {c['requests']} requests, ISL {c['input_len']}, OSL "
              f"{c['output_len']}, concurrency {c['concurrency']}, median of {c['runs']} runs"
              + (", the same prompts for both tools in each pair" if c.get("same_prompts")
-                else ""),
+                else "")
+             + (", agentload on aiohttp (stamped in Python, as vllm bench serve)"
+                if c.get("transport") == "aiohttp" else ""),
              f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
     if c.get("client_cpus"):
         lines.insert(1, f"  both clients on CPU {c['client_cpus']}, off the server "

@@ -126,6 +126,10 @@ def agree_command(
         "--same-prompts", help="Both tools send the very same prompts in each pair, so the "
         "server does the same work for both (needs a server without prefix caching; "
         "otherwise each tool gets prompts of its own).")] = False,
+    transport: Annotated[str, typer.Option(
+        "--transport", help="agentload's client against vllm bench serve: stamped (kernel "
+        "receive stamps, replay's default) or aiohttp (stamped in Python after parsing, "
+        "where vllm bench serve stamps).")] = "stamped",
 ) -> None:
     """TTFT and ITL P50/P90 of agentload vs vllm bench serve (or AIPerf) on one server.
 
@@ -140,11 +144,15 @@ def agree_command(
         return
     if peer != "vllm":
         raise typer.BadParameter(f"{peer!r}: expected vllm or aiperf", param_hint="--peer")
+    if transport not in ("stamped", "aiohttp"):
+        raise typer.BadParameter(f"{transport!r}: expected stamped or aiohttp",
+                                 param_hint="--transport")
     from agentload.replay.bench.agree import agree_lines, agreement
 
     result = agreement(target, requests=requests, concurrency=concurrency,
                        input_len=input_len, output_len=output_len, runs=runs,
                        retries=retries, tokenizer=tokenizer, same_prompts=same_prompts,
+                       transport=transport,  # type: ignore[arg-type]  # checked above
                        say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,3 +272,27 @@ def test_same_prompts_share_salts_in_a_pair_and_refuse_a_caching_server(
     with pytest.raises(ReplayError, match="without prefix caching"):
         agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False,
                   same_prompts=True)
+
+
+@pytest.mark.parametrize("transport", ["stamped", "aiohttp"])
+def test_agentload_runs_on_either_transport(tmp_path: Path, transport: str) -> None:
+    """``--transport aiohttp`` stamps where vllm bench serve does; the run is the same."""
+    from agentload.replay.bench.client_bench import ClientBenchConfig, emulator
+
+    with emulator(ClientBenchConfig(ttft_ms=20.0, itl_ms=5.0), tmp_path / "emu.log") as url:
+        out = agree_module.agentload_run(url, tmp_path / "run", requests=8, concurrency=2,
+                                         input_len=16, output_len=6, salt=1,
+                                         transport=transport)  # type: ignore[arg-type]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["options"]["transport"] == transport
+    assert out["completed"] == 8 and out["output_lens"] == [6] * 8
+    # The emulator's 20 ms to first token and 5 ms steps, seen through either client.
+    assert 20.0 <= out["ttft"]["p50_ms"] < 200.0
+    assert 4.0 <= out["itl"]["p50_ms"] < 50.0
+
+
+def test_an_unknown_transport_is_one_line_and_exit_2() -> None:
+    from tests.support import run_cli
+
+    done = run_cli("bench", "agree", "--transport", "h2", "--target", "http://127.0.0.1:9")
+    assert done.returncode == 2 and "expected stamped or aiohttp" in done.stderr
