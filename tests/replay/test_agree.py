@@ -114,6 +114,7 @@ def test_bunched_share_and_what_spoils_a_pair() -> None:
 
 
 CACHE_SALTS: list[int | None] = []
+TRANSPORTS: list[str] = []
 
 
 def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[int]:
@@ -123,11 +124,14 @@ def _stub_tools(monkeypatch: pytest.MonkeyPatch, bunched: list[float]) -> list[i
     salts: list[int] = []
     cache_salts = CACHE_SALTS
     cache_salts.clear()
+    TRANSPORTS.clear()
 
     def ours(base: str, run_dir: Path, requests: int, concurrency: int, input_len: int,
-             output_len: int, salt: int, cache_salt: int | None = None) -> dict[str, object]:
+             output_len: int, salt: int, cache_salt: int | None = None,
+             transport: str = "stamped") -> dict[str, object]:
         if run_dir.name == "warmup":
             return {}
+        TRANSPORTS.append(transport)
         salts.append(salt)
         cache_salts.append(cache_salt)
         share = bunched[len(salts) // 2]
@@ -260,6 +264,12 @@ def test_same_prompts_share_salts_in_a_pair_and_refuse_a_caching_server(
     assert CACHE_SALTS[0] == CACHE_SALTS[1] and CACHE_SALTS[2] == CACHE_SALTS[3]
     assert CACHE_SALTS[0] is not None and CACHE_SALTS[0] != CACHE_SALTS[2]
     assert r["config"]["same_prompts"] and "the same prompts" in agree_lines(r)[0]
+    assert TRANSPORTS == ["stamped", "stamped"] and "aiohttp" not in agree_lines(r)[0]
+    _stub_tools(monkeypatch, [0.0])
+    r = agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False,
+                  transport="aiohttp")
+    assert TRANSPORTS == ["aiohttp"] and r["config"]["transport"] == "aiohttp"
+    assert "agentload on aiohttp" in agree_lines(r)[0]
     # Without it, every run has prompts of its own and a cache salt of its own.
     salts = _stub_tools(monkeypatch, [0.0])
     agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False)
