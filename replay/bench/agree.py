@@ -58,9 +58,11 @@ QUANTILES = (50, 90)
 # 90 ms: 16 events per read, TPOT 0), and the pair is run again.
 BUNCHED_GAP_S = 1e-4
 SPOILED_SHARE = 0.10
-# The embedded server's niceness: its API server and engine-core processes float onto
-# the clients' cores (only the model worker is bound), and each wake-up there preempted
-# the client for up to 0.1 s (docs/results/aiperf-agree.md, 2026-12-07).
+# The embedded server's niceness under `--peer aiperf`: its API server and engine-core
+# processes float onto the clients' core (only the model worker is bound), and each
+# wake-up there preempted the client for up to 0.1 s (docs/results/aiperf-agree.md,
+# 2026-12-07). Not used against vllm bench serve: under its back-to-back load one A/B
+# on the same host read worse at nice 10 (docs/results/vllm-bench-agree.md).
 SERVER_NICE = 10
 
 
@@ -326,15 +328,18 @@ def clients_off(cpus: set[int], say: Callable[[str], None]) -> Iterator[set[int]
 
 
 @contextlib.contextmanager
-def _target(url: str | None, workdir: Path, say: Callable[[str], None]) -> Iterator[str]:
+def _target(url: str | None, workdir: Path, say: Callable[[str], None],
+            nice: int = 0) -> Iterator[str]:
+    """``url``, or the embedded server started (at ``nice``) for the block."""
     if url is not None:
         yield url.rstrip("/")
         return
     from agentload.replay.serve.server import embedded_server_spec, serving
     spec = embedded_server_spec()
-    say(f"starting the embedded vLLM CPU server (at nice {SERVER_NICE}: on the clients' "
-        "cores the clients come first) ...")
-    with serving(spec, workdir / "server.log", progress=lambda _: None, nice=SERVER_NICE):
+    say("starting the embedded vLLM CPU server"
+        + (f" (at nice {nice}: on the clients' core the clients come first)" if nice else "")
+        + " ...")
+    with serving(spec, workdir / "server.log", progress=lambda _: None, nice=nice):
         yield spec.base_url
 
 

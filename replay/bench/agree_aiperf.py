@@ -45,6 +45,7 @@ import numpy as np
 import polars as pl
 
 from agentload.replay.bench.agree import (
+    SERVER_NICE,
     _target,
     clients_off,
     counters_delta,
@@ -393,7 +394,7 @@ def agreement_aiperf(trace: Path, url: str | None = None, *, users: int = 4,
         workdir = Path(tempfile.mkdtemp(prefix="agentload-agree-aiperf-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        base = stack.enter_context(_target(url, workdir, say))
+        base = stack.enter_context(_target(url, workdir, say, nice=SERVER_NICE))
         log = workdir / "server.log" if url is None else None
         pinned = (stack.enter_context(clients_off(worker_cpus(log), say))
                   if log is not None and pin_clients else None)
