@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,6 +20,7 @@ from agentload.replay.engine.core import ReplayOptions
 from agentload.replay.engine.fit import PAUSE_RULES, FitOptions
 from agentload.replay.engine.presets import headline_line, preset
 from agentload.replay.errors import ReplayError
+from agentload.replay.fleet.local import parse_cpus, parse_workers
 from agentload.replay.live import dashboard_factory
 from agentload.replay.results.compare import compare_arms, dry_run_lines, select_arms
 from agentload.replay.results.compare_report import write_comparison
@@ -163,6 +164,15 @@ def with_preset(name: str | None, recycle: bool, duration: float | None,
             chosen.session_order if session_order == "pinned" else session_order)
 
 
+def _fleet(workers: str, cpus: str | None, on_loss: str) -> dict[str, Any]:
+    """``run_replay``'s worker arguments from --workers, --cpus and --on-worker-loss."""
+    if on_loss not in ("continue", "stop"):
+        raise ReplayError(f"--on-worker-loss must be continue or stop, got {on_loss!r}")
+    return {"workers": parse_workers(workers),
+            "cpus": parse_cpus(cpus) if cpus is not None else None,
+            "on_worker_loss": on_loss}
+
+
 def _start_range(text: str) -> tuple[float, float]:
     try:
         lo, _, hi = text.partition(":")
@@ -295,6 +305,16 @@ SloOpt = Annotated[str | None, typer.Option(
     "--slo", help="Service-level objectives, e.g. ttft=2s,itl=50ms,e2e_norm=40ms (also "
     "e2el): goodput (requests and tokens/s meeting every bound) and the share of users and "
     "sessions whose P90 met each, in summary.json, the console and the reports.")]
+WorkersOpt = Annotated[str, typer.Option(
+    "--workers", help="Client processes the lanes are split over (lane i to worker i mod "
+    "N), each with its own event loop; the run directory and metrics are one run's. auto: "
+    "one per 250 users, at most the cores less one (printed at start).")]
+CpusOpt = Annotated[str | None, typer.Option(
+    "--cpus", help="With --workers: pin the workers to these CPUs, round-robin (e.g. 2-5).")]
+OnWorkerLoss = Annotated[str, typer.Option(
+    "--on-worker-loss", help="continue (default): a worker that dies leaves its finished "
+    "requests, the rest of the run goes on, and summary.json records the loss. stop: the "
+    "whole run stops sending then.")]
 ProfileWindow = Annotated[str | None, typer.Option(
     "--profile-window", help="START:END seconds into the replay: POST /start_profile "
     "and /stop_profile to the server around that window.")]
@@ -350,6 +370,9 @@ def replay(
     nsys: NsysOut = None,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
+    workers: WorkersOpt = "auto",
+    cpus: CpusOpt = None,
+    on_worker_loss: OnWorkerLoss = "continue",
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -390,6 +413,7 @@ def replay(
                        pause_cap_s=pause_cap,
                        pause_rule="end-to-start" if traffic.pauses == "end-to-start"
                        else "trace"),
+        **_fleet(workers, cpus, on_worker_loss),
     )
     _print_result(result, preset_name)
 
@@ -486,6 +510,9 @@ def compare(
     aiperf_compatible: AiperfCompatible = False,
     profile_window: ProfileWindow = None,
     slo: SloOpt = None,
+    workers: WorkersOpt = "auto",
+    cpus: CpusOpt = None,
+    on_worker_loss: OnWorkerLoss = "continue",
 ) -> None:
     """Replay the same workload against each arm in turn and compare them.
 
@@ -528,6 +555,7 @@ def compare(
                        pause_cap_s=pause_cap,
                        pause_rule="end-to-start" if traffic.pauses == "end-to-start"
                        else "trace"),
+        **_fleet(workers, cpus, on_worker_loss),
     )
     for name, run in result.runs:
         typer.echo(f"{name}: {run.run_dir}")
@@ -555,6 +583,7 @@ def demo(
         "--target", "-t", help="Use this running server instead of starting the embedded one.")
     ] = None,
     headless: Headless = None,
+    workers: WorkersOpt = "auto",
 ) -> None:
     """Start the embedded vLLM CPU server, replay the bundled agent trace, write a report.
 
@@ -565,7 +594,7 @@ def demo(
         demo_trace_path(), output or default_demo_dir(), embedded=target is None,
         target_url=target,
         options=_options(users, duration, None, 1.0, None, 600.0),
-        progress=_progress_mode(headless),
+        progress=_progress_mode(headless), **_fleet(workers, None, "continue"),
     )
     _print_result(result)
 

@@ -9,6 +9,7 @@ into ``requests.parquet``, the table every metric and report is computed from.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -129,6 +130,63 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             else:
                 meta.append(obj)
     return meta, requests
+
+
+SHARD_GLOB = "journal.shard-*.jsonl"
+MERGED_EVENT = "shards_merged"
+
+
+def shard_journal_path(run_dir: Path, index: int) -> Path:
+    """Where worker ``index`` of a ``--workers`` run appends its own journal."""
+    return Path(run_dir) / f"journal.shard-{index}.jsonl"
+
+
+def shard_journals(run_dir: Path) -> list[Path]:
+    """The worker journals of a run directory not yet merged, in worker order."""
+    def index(path: Path) -> int:
+        return int(path.name.split("-")[-1].split(".")[0])
+
+    return sorted(Path(run_dir).glob(SHARD_GLOB), key=index)
+
+
+def merge_shards(run_dir: Path) -> int:
+    """Fold the worker journals into ``journal.jsonl``; the number of lines moved.
+
+    Each shard's lines are appended whole (a torn last line dropped), then the shard
+    files go. The merged journal is written beside the old one and renamed over it, with
+    a ``shards_merged`` event naming the files, so a merge cut short is never applied
+    twice: a journal that already holds that event only has the leftovers deleted.
+    """
+    run_dir = Path(run_dir)
+    shards = shard_journals(run_dir)
+    if not shards:
+        return 0
+    main = run_dir / JOURNAL_NAME
+    with open(main, "rb") as fh:
+        if any(MERGED_EVENT.encode() in line and b'"type":"event"' in line for line in fh):
+            for path in shards:
+                path.unlink(missing_ok=True)
+            return 0
+    moved = 0
+    tmp = main.with_name(main.name + ".merging")
+    with open(tmp, "wb") as out:
+        with open(main, "rb") as fh:
+            data = fh.read()
+        out.write(data if not data or data.endswith(b"\n") else data.rsplit(b"\n", 1)[0] + b"\n")
+        for path in shards:
+            with open(path, "rb") as fh:
+                for line in fh:
+                    if line.endswith(b"\n"):  # a line without its newline was torn
+                        out.write(line)
+                        moved += 1
+        out.write(orjson.dumps({"type": "event", "kind": MERGED_EVENT, "t_ns": 0,
+                                "files": [p.name for p in shards], "lines": moved}) + b"\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, main)
+    for path in shards:
+        path.unlink(missing_ok=True)
+    return moved
 
 
 def request_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:

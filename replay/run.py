@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import os
 import secrets
 import sys
 import time
@@ -36,13 +37,16 @@ from agentload.replay.engine.core import (
     ReplayOptions,
     Target,
     build_http_client,
+    unshardable,
 )
 from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
+from agentload.replay.fleet.local import FleetEngine, OnLoss, auto_workers
 from agentload.replay.journal import (
     JOURNAL_NAME,
     SERVER_METRICS_TEXT,
     Journal,
+    merge_shards,
 )
 from agentload.replay.live import Viewer, open_viewer
 from agentload.replay.results.finalize import RunResult, write_json, write_results
@@ -76,6 +80,8 @@ from agentload.traces.formats import AUTO, NATIVE, detect_format, load_any
 # dashboard: the Textual dashboard (agentload.tui) draws the run from published snapshots.
 ProgressMode = Literal["live", "headless", "none", "dashboard"]
 Say = Callable[[str], None]
+# What run.py drives: one engine in this process, or the driver of worker processes.
+Engine = ReplayEngine | FleetEngine
 
 
 def say_stderr(line: str) -> None:
@@ -123,7 +129,7 @@ def progress_line(snap: ProgressSnapshot) -> str:
     return line
 
 
-async def _progress_loop(engine: ReplayEngine, mode: ProgressMode, say: Say,
+async def _progress_loop(engine: Engine, mode: ProgressMode, say: Say,
                          interval_s: float) -> None:
     if mode == "live":
         try:
@@ -138,7 +144,7 @@ async def _progress_loop(engine: ReplayEngine, mode: ProgressMode, say: Say,
         say(progress_line(engine.snapshot()))
 
 
-async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -> None:
+async def _watch_server(engine: Engine, server: ManagedServer, say: Say) -> None:
     """Stop the replay as soon as a server agentload started has died."""
     while server.running():
         await asyncio.sleep(0.5)
@@ -147,7 +153,7 @@ async def _watch_server(engine: ReplayEngine, server: ManagedServer, say: Say) -
     engine.stop(reason)
 
 
-async def _publish(engine: ReplayEngine, interval_s: float = 0.25) -> None:
+async def _publish(engine: Engine, interval_s: float = 0.25) -> None:
     """Publish the dashboard's snapshot four times a second; act on its stop request.
 
     Building a snapshot is cheap and the dashboard only reads the published one, so the
@@ -164,7 +170,7 @@ async def _publish(engine: ReplayEngine, interval_s: float = 0.25) -> None:
         board.publish(engine.now_ns())
 
 
-async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
+async def _sample_server(engine: Engine, client: httpx.AsyncClient, base_url: str,
                          gpus: GpuSampler | None, interval_s: float = 1.0) -> None:
     """Journal the server's metrics (and local GPUs') every ``interval_s``."""
     while True:
@@ -177,7 +183,7 @@ async def _sample_server(engine: ReplayEngine, client: httpx.AsyncClient, base_u
         await asyncio.sleep(interval_s)
 
 
-async def _replay(engine: ReplayEngine, client: httpx.AsyncClient, base_url: str,
+async def _replay(engine: Engine, client: httpx.AsyncClient, base_url: str,
                   server: ManagedServer | None, progress: ProgressMode, say: Say,
                   interval_s: float, gpus: GpuSampler | None = None,
                   window: ProfileWindowLog | None = None,
@@ -259,12 +265,18 @@ def run_replay(
     nsys_output: Path | None = None,
     profile_window: tuple[float, float] | None = None,
     slo: dict[str, float] | None = None,
+    workers: int | None = 1,
+    cpus: list[int] | None = None,
+    on_worker_loss: OnLoss = "continue",
 ) -> RunResult:
     """Replay ``trace`` against ``target_url``, a fresh embedded server, or ``arm``'s server.
 
     ``nsys_output`` runs a started server under ``nsys profile``; ``profile_window``
     (START, END seconds into the replay) calls the server's /start_profile and
-    /stop_profile around that window.
+    /stop_profile around that window. ``workers`` > 1 plays the lanes in that many
+    worker processes (``fleet/local.py``; None: ``auto_workers``), pinned round-robin to
+    ``cpus`` when given; ``on_worker_loss`` says whether the run goes on without a worker
+    that died.
     """
     if embedded + (target_url is not None) + (arm is not None) != 1:
         raise ReplayError("give exactly one target: --target URL, --arm FILE:NAME or "
@@ -277,6 +289,16 @@ def run_replay(
     options = options or ReplayOptions(cache_salt=new_cache_salt())
     if options.users < 1:
         raise ReplayError("--users must be at least 1")
+    if workers is None:
+        problem = unshardable(options)
+        workers = auto_workers(options.users) if problem is None else 1
+        why = (f"{options.users} users, {os.cpu_count()} cores" if problem is None
+               else problem.split(";")[0])
+        say(f"workers: {workers} (auto: {why}; --workers N to choose)")
+    if workers < 1:
+        raise ReplayError("--workers must be at least 1")
+    if workers > 1 and (problem := unshardable(options)) is not None:
+        raise ReplayError(problem)
     trace_obj, trace_path, trace_format = _load(trace, trace_format, say)
     run_dir = Path(run_dir)
     _prepare_run_dir(run_dir)
@@ -328,12 +350,17 @@ def run_replay(
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
             client = build_http_client(options, target.base_url)
-            engine = ReplayEngine(trace_obj, target, options, journal, client, slo=slo)
+            engine: Engine = (
+                ReplayEngine(trace_obj, target, options, journal, client, slo=slo)
+                if workers == 1 else
+                FleetEngine(trace_obj, target, options, journal, run_dir, workers, slo=slo,
+                            cpus=cpus, on_loss=on_worker_loss))
             planned = (f"{engine.total_requests} requests" if engine.total_requests else
                        f"sessions recycled for {options.duration_s:g} s" if options.duration_s
                        else "sessions recycled")
+            spread = f", {workers} worker processes" if workers > 1 else ""
             say(f"replaying {trace_obj.name} ({planned}, "
-                f"{options.users} users) against {target.label} -> {run_dir}")
+                f"{options.users} users{spread}) against {target.label} -> {run_dir}")
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
             run["gpu_telemetry"] = gpu_note
             write_json(run_dir / "run.json", run)
@@ -362,6 +389,9 @@ def run_replay(
             finally:
                 if sampler is not None:
                     sampler.close()
+    if isinstance(engine, FleetEngine):
+        run["workers"] = engine.fleet_record()
+        merge_shards(run_dir)
     if outcome is not None:
         run["outcome"] = asdict(outcome)
         run["client_diagnostics"] = engine.diagnostics.summary()

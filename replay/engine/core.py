@@ -174,6 +174,26 @@ class EngineOutcome:
     idle_cap_shifted_s: float = 0.0
 
 
+def unshardable(options: ReplayOptions) -> str | None:
+    """Why ``options`` cannot be split over worker processes (None: they can).
+
+    Each of these couples every lane to one shared state in one event loop: a session
+    pool or sequence drawn from by whichever lane is free, AIPerf's system idle cap and
+    warm-up barrier, and a request budget counted over all lanes.
+    """
+    if options.session_order != "pinned":
+        return (f"--session-order {options.session_order} draws from one pool shared by "
+                "every lane; with --workers use --session-order pinned")
+    if options.idle_cap_s is not None:
+        return "the idle cap (--aiperf-compatible) watches every lane at once; use --workers 1"
+    if options.recycle and options.start_at == "time":
+        return ("--start-at time waits for every lane's warm-up together; use --workers 1 "
+                "or --start-at turn")
+    if options.max_requests is not None:
+        return "--max-requests counts over every lane; with --workers bound the run by --duration"
+    return None
+
+
 # How long after the system goes idle the idle cap is checked (``IdleCap.defer``).
 SETTLE_S = 0.005
 
@@ -192,10 +212,21 @@ class ReplayEngine:
         journal: Journal,
         client: httpx.AsyncClient,
         slo: Mapping[str, float] | None = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
-        """``slo``: the ``--slo`` bounds (s), which the dashboard's SLO line follows."""
+        """``slo``: the ``--slo`` bounds (s), which the dashboard's SLO line follows.
+
+        ``shard`` (k, W): play only lanes ``i`` with ``i % W == k`` (``replay --workers``);
+        the lanes, their plans and their request ids are those of a one-process run.
+        """
         if options.users < 1:
             raise ValueError("users must be at least 1")
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index} of {count} does not exist")
+        if count > 1 and (problem := unshardable(options)) is not None:
+            raise ValueError(problem)
+        self.shard = shard
         self.trace = trace
         self.target = target
         self.options = options
@@ -221,7 +252,6 @@ class ReplayEngine:
         self._warmup_sent = 0
         self._cut = 0
         self._refusals: dict[int, int] = {}
-        self._rng = random.Random(options.seed)
         self._in_flight = 0
         self._lanes_active = 0
         self._finished = False
@@ -245,7 +275,8 @@ class ReplayEngine:
         self._segments: dict[str, Mapping[str, tuple[tuple[str, int], ...]]] = {}
         self._declared_prefix = declared_prefix_blocks(trace)
         # With recycling the run is bounded by time or a request count, not by the trace.
-        planned_total = (options.max_requests or 0) if options.recycle else trace.num_requests
+        planned_total = ((options.max_requests or 0) if options.recycle
+                         else self._shard_requests())
         self.total_requests = min(planned_total, options.max_requests or planned_total)
         # The dashboard's view of the run: fed below, published by run.py (never awaited).
         self.live = LiveBoard(Header(target.label, trace.name, target.gpus,
@@ -256,6 +287,11 @@ class ReplayEngine:
         # The client's figures once a second (and summary.json's at the end): journaled,
         # so a playback shows them too, and on the dashboard.
         self.diagnostics.on_figures = self._client_figures
+
+    @property
+    def requests_sent(self) -> int:
+        """Measured requests sent so far."""
+        return self._sent
 
     def now_ns(self) -> int:
         """Nanoseconds since the run started."""
@@ -278,8 +314,23 @@ class ReplayEngine:
                                  fire_ns=shift.fire_ns, shift_ns=shift.shift_ns,
                                  timers=shift.timers)
 
-    async def run(self) -> EngineOutcome:
-        self._t0_ns = time.perf_counter_ns()
+    def _shard_requests(self) -> int:
+        """Requests of the sessions this shard's lanes play once each (no recycling)."""
+        index, count = self.shard
+        if count == 1:
+            return self.trace.num_requests
+        lanes = len(self.trace.sessions) if self.options.open_loop else self.options.users
+        return sum(len(s.requests) for i, s in enumerate(self.trace.sessions)
+                   if (i % lanes) % count == index)
+
+    async def run(self, start_at_ns: int | None = None) -> EngineOutcome:
+        """Play the run; ``start_at_ns`` (``perf_counter_ns``): start then, not now, so
+        that every shard of a ``--workers`` run shares one time origin."""
+        if start_at_ns is not None:
+            await asyncio.sleep(max(0.0, (start_at_ns - time.perf_counter_ns()) / 1e9))
+            while time.perf_counter_ns() < start_at_ns:
+                await asyncio.sleep(0)
+        self._t0_ns = start_at_ns if start_at_ns is not None else time.perf_counter_ns()
         self.pacer.start(0)
         self._closed = asyncio.Event()
         if self._stop_reason is not None:
@@ -290,7 +341,7 @@ class ReplayEngine:
         if self.options.duration_s is not None and self._warm_done is None:
             self._start_clock()
         self.journal.write_event("replay_start", 0, users=self.options.users,
-                                 recycle=self.options.recycle)
+                                 recycle=self.options.recycle, shard=list(self.shard))
         sessions = list(self.trace.sessions)
         if self.options.open_loop:
             # Every session is its own user, started at its first request's arrival.
@@ -315,9 +366,10 @@ class ReplayEngine:
                                   for k in range(len(p.requests)))
             if not self._warm_left:
                 self._warmed()
+        index, count = self.shard
         try:
             await asyncio.gather(*(self._lane(i, lane, firsts[i])
-                                   for i, lane in enumerate(lanes)))
+                                   for i, lane in enumerate(lanes) if i % count == index))
         finally:
             self._finished = True
             if self._deadline is not None:
@@ -392,8 +444,11 @@ class ReplayEngine:
                 return plan_play_at(session, lane, index, start_s=at_s, marker=marker,
                                     marker_at=marker_at, barrier=WARM_BARRIER)
         if index == 0:
+            # Each lane draws from its own seeded stream, so a lane's plan does not depend
+            # on which other lanes share its process (``replay --workers``).
             lo, hi = self.options.start_range
-            start = int(self._rng.uniform(lo, hi) * main_turns(session))
+            rng = random.Random(f"start-{self.options.seed}-{lane}")
+            start = int(rng.uniform(lo, hi) * main_turns(session))
         return plan_play(session, lane, index, start_turn=start,
                          warmup_turns=self.options.warmup_turns, marker=marker,
                          marker_at=marker_at)

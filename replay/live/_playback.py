@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import orjson
 
-from agentload.replay.journal import JOURNAL_NAME, RequestRecord
+from agentload.replay.journal import JOURNAL_NAME, RequestRecord, shard_journals
 from agentload.replay.live._board import LiveBoard
 from agentload.replay.live._snapshot import Header, LiveSnapshot
 
@@ -58,7 +58,13 @@ class JournalPlayback:
     live = False
 
     def __init__(self, run_dir: Path, speed: float = 1.0, clock: Callable[[], float]
-                 = time.monotonic, start_s: float = 0.0) -> None:
+                 = time.monotonic, start_s: float = 0.0, *,
+                 paths: Sequence[Path] | None = None, board: LiveBoard | None = None,
+                 follow_ends: bool = True) -> None:
+        """``paths``: the journals to read (default: the run's, and any worker journals
+        of a ``--workers`` run still in progress); ``board``: feed this board instead of
+        a new one; ``follow_ends=False``: a worker's end is not the run's (the driver of
+        a ``--workers`` run tails its workers' journals into its own board)."""
         run_dir = Path(run_dir)
         self.path = run_dir / JOURNAL_NAME
         if not self.path.is_file():
@@ -72,8 +78,13 @@ class JournalPlayback:
         self.run_dir = run_dir
         self.speed = speed
         self._clock = clock
-        self._fh = open(self.path, "rb")  # noqa: SIM115 - read for the playback's lifetime
-        self._partial = b""
+        self._follow_ends = follow_ends
+        if paths is None:
+            paths = [self.path, *shard_journals(run_dir)]
+        # Journals are read as they grow; a worker's may not exist yet when this starts.
+        self._paths = list(paths)
+        self._fhs: dict[Path, IO[bytes]] = {}
+        self._partial: dict[Path, bytes] = {}
         # Pending timeline items, sorted by time from ``_pos`` on; lines read later are
         # merged in with one sort (Timsort: near-linear on the mostly-sorted list).
         self._items: list[_Item] = []
@@ -95,10 +106,12 @@ class JournalPlayback:
                 meta = {}
         self._meta = meta
         self._read()
-        self.board = LiveBoard(header_from_run(self._meta, run_dir))
+        self.board = board if board is not None else LiveBoard(header_from_run(self._meta,
+                                                                               run_dir))
 
     def close(self) -> None:
-        self._fh.close()
+        for fh in self._fhs.values():
+            fh.close()
 
     def _push(self, t: int, kind: str, payload: Any) -> None:
         self._order += 1
@@ -107,9 +120,23 @@ class JournalPlayback:
             self._max_t = t
 
     def _read(self) -> None:
-        data = self._partial + self._fh.read()
+        for path in self._paths:
+            fh = self._fhs.get(path)
+            if fh is None:
+                try:
+                    fh = self._fhs[path] = open(path, "rb")  # noqa: SIM115 - kept open
+                except FileNotFoundError:
+                    continue
+            self._read_lines(path, fh)
+        if self._new:
+            items = self._items[self._pos:] + self._new
+            items.sort(key=_item_key)
+            self._items, self._pos, self._new = items, 0, []
+
+    def _read_lines(self, path: Path, fh: IO[bytes]) -> None:
+        data = self._partial.get(path, b"") + fh.read()
         lines = data.split(b"\n")
-        self._partial = lines.pop()
+        self._partial[path] = lines.pop()
         for line in lines:
             if line.startswith((b'{"type":"chunks"', b'{"type":"gpu"')):
                 continue
@@ -118,10 +145,6 @@ class JournalPlayback:
             except orjson.JSONDecodeError:
                 continue
             self._line(obj)
-        if self._new:
-            items = self._items[self._pos:] + self._new
-            items.sort(key=_item_key)
-            self._items, self._pos, self._new = items, 0, []
 
     def _pending(self) -> bool:
         return self._pos < len(self._items)
@@ -155,7 +178,7 @@ class JournalPlayback:
                 self._push(t, "play", obj)
             elif ev in ("stop", "backoff"):
                 self._push(t, ev, obj)
-            elif ev == "replay_end":
+            elif ev == "replay_end" and self._follow_ends:
                 self._ended = True
                 self._push(t, "end", obj)
             elif ev == "client":

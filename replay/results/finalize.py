@@ -18,6 +18,7 @@ from agentload.replay.journal import (
     GPU_METRICS_NAME,
     JOURNAL_NAME,
     finalize,
+    merge_shards,
     read_journal,
 )
 from agentload.replay.results.metrics import (
@@ -63,6 +64,7 @@ def write_results(run_dir: Path, report: bool = True,
     run_dir = Path(run_dir)
     if not (run_dir / JOURNAL_NAME).is_file():
         raise ReplayError(f"{run_dir} holds no run journal ({JOURNAL_NAME})")
+    merge_shards(run_dir)  # a --workers run whose driver ended before it merged them
     meta, _ = read_journal(run_dir / JOURNAL_NAME)
     run_path = run_dir / "run.json"
     run: dict[str, Any] = (json.loads(run_path.read_text()) if run_path.is_file()
@@ -92,6 +94,7 @@ def write_results(run_dir: Path, report: bool = True,
     summary["by_context_depth"] = by_context_depth(frame)
     summary["client"] = run.get("client_diagnostics") or {
         "available": False, "reason": "not recorded (interrupted, or an older run)"}
+    summary["workers"] = workers_summary(run.get("workers"), meta)
     summary["validity"] = validity(summary)
     slo = slo if slo is not None else run.get("slo_s")
     summary["slo"] = (slo_summary(with_request_metrics(frame.filter(pl.col("phase")
@@ -117,6 +120,23 @@ def write_results(run_dir: Path, report: bool = True,
     if report:
         md, page = write_reports(run_dir, summary, run, frame)
     return RunResult(run_dir, summary, md, page, bool(summary["interrupted"]))
+
+
+def workers_summary(workers: dict[str, Any] | None,
+                    meta: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How a ``--workers`` run was spread, and every worker it lost with the reason (from
+    ``run.json``, else the journal's ``worker_lost`` events); None for one process."""
+    lost = [m for m in meta if m.get("type") == "event" and m.get("kind") == "worker_lost"]
+    if workers is None and not lost:
+        return None
+    out = dict(workers or {"count": None})
+    if "lost" not in out:
+        out["lost"] = [{k: v for k, v in m.items() if k not in ("type", "kind", "t_ns")}
+                       for m in lost]
+    out["workers_lost"] = len(out["lost"])
+    out["requests_lost_in_flight"] = sum(int(x.get("in_flight_at_last_report") or 0)
+                                         for x in out["lost"])
+    return out
 
 
 def traffic_rules(run: dict[str, Any]) -> dict[str, Any]:
