@@ -144,6 +144,7 @@ def _worker(job: ShardJob, conn: Connection) -> None:
         os.sched_setaffinity(0, {job.cpu})
     try:
         with Journal(shard_journal_path(job.run_dir, job.index)) as journal:
+            journal.write_event("worker", 0, worker=job.index, pid=os.getpid(), cpu=job.cpu)
             client = build_http_client(job.options, job.target.base_url)
             engine = ReplayEngine(job.trace, job.target, job.options, journal, client,
                                   slo=job.slo, shard=(job.index, job.count))
@@ -431,6 +432,8 @@ class FleetEngine:
             self.stop(f"worker {shard.index} lost ({reason}; --on-worker-loss stop)")
 
     def _terminate(self) -> None:
+        """End every worker still running (the run ended, or the driver was interrupted:
+        what they journaled stays, and the loss is recorded as the driver's doing)."""
         for shard in self._shards:
             if shard.process.is_alive() and shard.result is None:
                 shard.process.terminate()

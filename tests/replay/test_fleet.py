@@ -1,0 +1,276 @@
+"""``replay --workers N``: lanes over processes give exactly a one-process run's requests,
+a killed worker keeps every request it finished, Ctrl-C stops them all, and bad input is
+one line with exit 2. The server is the small SSE server of ``tests/tui/test_live``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pytest
+from aiohttp import web
+
+from agentload.replay.engine.core import ReplayOptions
+from agentload.replay.errors import ReplayError
+from agentload.replay.fleet.local import auto_workers, merge_diagnostics, parse_cpus, parse_workers
+from agentload.replay.journal import (
+    JOURNAL_NAME,
+    merge_shards,
+    read_journal,
+    shard_journal_path,
+    shard_journals,
+)
+from agentload.replay.live import LiveBoard
+from agentload.replay.run import run_replay
+from agentload.replay.serve.server import free_port
+from agentload.traces import demo_trace_path
+from tests.support import ROOT, run_cli
+from tests.tui.test_live import sse_app
+
+KEY = ["request_id", "session_id", "lane", "play", "turn", "phase", "isl_requested",
+       "osl_requested", "isl", "osl"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(sse_app(ttft_s=0.01, itl_s=0.002))
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert ready.wait(10)
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+class _Watcher:
+    """A viewer that samples the published board ten times a second."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+
+    def attach(self, board: LiveBoard, stop: Callable[[str], None]) -> None:
+        def sample() -> None:
+            while not self._stop.wait(0.1):
+                snap = board.latest
+                if snap is not None:
+                    self.samples.append((time.monotonic(), snap.totals.requests_done))
+        threading.Thread(target=sample, daemon=True).start()
+
+    def finish(self, note: str) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _replay(server: str, run_dir: Path, workers: int, **options: object) -> pl.DataFrame:
+    opts = ReplayOptions(**{"users": 4, "time_scale": 0.05, "cache_salt": 7, **options})
+    run_replay(demo_trace_path(), run_dir, target_url=server, options=opts, workers=workers,
+               progress="none", report=False, say=lambda line: None)
+    return pl.read_parquet(run_dir / "requests.parquet")
+
+
+def test_two_workers_send_exactly_the_requests_of_one(server: str, tmp_path: Path) -> None:
+    one = _replay(server, tmp_path / "one", 1)
+    watcher = _Watcher()
+    opts = ReplayOptions(users=4, time_scale=0.05, cache_salt=7)
+    result = run_replay(demo_trace_path(), tmp_path / "two", target_url=server, options=opts,
+                        workers=2, progress="dashboard", viewer=watcher, report=False,
+                        say=lambda line: None)
+    two = pl.read_parquet(tmp_path / "two" / "requests.parquet")
+    assert one.height == two.height > 20
+    assert two["request_id"].n_unique() == two.height  # no request twice
+    assert one.select(KEY).sort(KEY).equals(two.select(KEY).sort(KEY))
+    assert two["ok"].all()
+    # Lane i ran in worker i % 2, and the merged journal left no worker journal behind.
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["workers"]["lanes"] == {"0": [0, 2], "1": [1, 3]}
+    assert not shard_journals(tmp_path / "two")
+    assert result.summary["workers"]["workers_lost"] == 0
+    assert result.summary["requests_completed"] == result.summary["requests_sent"] == one.height
+    # The dashboard's board saw every worker's requests, growing while the run went on.
+    done = [n for _, n in watcher.samples]
+    assert done and done[-1] == two.height and len(set(done)) > 2
+
+
+def test_recycled_lanes_plan_the_same_plays_in_any_process(server: str,
+                                                           tmp_path: Path) -> None:
+    runs = {}
+    for workers in (1, 2):
+        _replay(server, tmp_path / f"w{workers}", workers, recycle=True, duration_s=3.0,
+                seed=5)
+        runs[workers] = pl.read_parquet(tmp_path / f"w{workers}" / "sessions.parquet")
+    cols = ["lane", "play", "session_id", "start_turn", "marker_block"]
+    first = {w: r.filter(pl.col("play") == 0).select(cols).sort("lane") for w, r in runs.items()}
+    assert first[1].height == 4 and first[1].equals(first[2])
+    assert first[1]["start_turn"].n_unique() > 1  # each lane draws its own start
+
+
+def _pid_of(journal: Path, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if journal.is_file():
+            for line in journal.read_bytes().splitlines():
+                obj = orjson.loads(line)
+                if obj.get("kind") == "worker":
+                    return int(obj["pid"])
+        time.sleep(0.1)
+    raise AssertionError(f"no worker line in {journal}")
+
+
+def _wait_requests(journal: Path, n: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while journal.read_bytes().count(b'{"type":"request"') < n:
+        assert time.monotonic() < deadline, f"{journal} never held {n} requests"
+        time.sleep(0.05)
+
+
+def _start(server: str, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentload", "replay", str(demo_trace_path()), "--target",
+         server, "--users", "4", "--recycle", "--time-scale", "0.05", "--headless",
+         "--no-report", "--workers", "2", "-o", str(run_dir), *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_worker_keeps_every_request_it_finished(server: str,
+                                                          tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(server, run_dir, "--duration", "6")
+    shard = shard_journal_path(run_dir, 1)
+    pid = _pid_of(shard)
+    _wait_requests(shard, 5)
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    # What the worker had journaled when it died (the file cannot grow after).
+    _, finished = read_journal(shard)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lost = summary["workers"]["lost"]
+    assert summary["workers"]["workers_lost"] == 1
+    assert lost[0]["worker"] == 1 and lost[0]["lanes"] == [1, 3]
+    assert lost[0]["reason"] == "killed by SIGKILL"
+    frame = pl.read_parquet(run_dir / "requests.parquet")
+    kept = frame.filter(pl.col("lane").is_in([1, 3]))
+    assert sorted(kept["request_id"]) == sorted(r["request_id"] for r in finished)
+    # The other worker went on after the loss, to the end of --duration.
+    survivors = frame.filter(pl.col("lane").is_in([0, 2]))
+    assert survivors["sent_ns"].max() / 1e9 > lost[0]["at_s"] + 1.0
+    assert "worker 1 lost: killed by SIGKILL" in err
+
+
+def test_on_worker_loss_stop_ends_the_run(server: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(server, run_dir, "--duration", "60", "--on-worker-loss", "stop")
+    shard = shard_journal_path(run_dir, 0)
+    pid = _pid_of(shard)
+    _wait_requests(shard, 3)
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"].startswith("worker 0 lost (killed by SIGKILL")
+    assert summary["workers"]["workers_lost"] == 1
+
+
+def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server: str,
+                                                            tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(server, run_dir, "--duration", "60")
+    pids = [_pid_of(shard_journal_path(run_dir, k)) for k in (0, 1)]
+    _wait_requests(shard_journal_path(run_dir, 1), 3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    for pid in pids:  # no worker outlives the run
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"]
+    assert pl.read_parquet(run_dir / "requests.parquet").height >= 3
+    assert not shard_journals(run_dir)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--workers", "many"], "--workers must be a count or 'auto'"),
+    (["--workers", "2", "--aiperf-compatible"], "sequential draws from one pool"),
+    (["--workers", "2", "--max-requests", "5"], "--max-requests counts over every lane"),
+    (["--workers", "2", "--session-order", "pool"], "--session-order pool"),
+    (["--workers", "2", "--cpus", "100000"], "--cpus '100000': CPUs 100000 are not"),
+])
+def test_bad_worker_options_are_one_line_and_exit_2(args: list[str], message: str,
+                                                     tmp_path: Path) -> None:
+    result = run_cli("replay", str(demo_trace_path()), "--target", "http://127.0.0.1:9",
+                     "-o", str(tmp_path / "run"), *args)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / JOURNAL_NAME).exists()
+
+
+def test_auto_picks_a_worker_per_250_users_within_the_cores() -> None:
+    assert auto_workers(4, cpus=16) == 1
+    assert auto_workers(251, cpus=16) == 2
+    assert auto_workers(2000, cpus=16) == 8
+    assert auto_workers(2000, cpus=4) == 3  # a core is left to the driver
+    assert auto_workers(2000, cpus=1) == 1
+    assert parse_workers("auto") is None and parse_workers("3") == 3
+    with pytest.raises(ReplayError):
+        parse_cpus("3-x")
+    assert parse_cpus(f"{min(os.sched_getaffinity(0))}") == [min(os.sched_getaffinity(0))]
+
+
+def _lines(path: Path, objs: list[dict[str, object]], torn: bytes = b"") -> None:
+    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs) + torn)
+
+
+def test_merge_keeps_whole_lines_drops_torn_ones_and_never_merges_twice(
+        tmp_path: Path) -> None:
+    _lines(tmp_path / JOURNAL_NAME, [{"type": "run"}])
+    _lines(shard_journal_path(tmp_path, 0), [{"type": "request", "request_id": "a"}])
+    _lines(shard_journal_path(tmp_path, 1), [{"type": "request", "request_id": "b"}],
+           torn=b'{"type":"request","requ')
+    assert merge_shards(tmp_path) == 2
+    _, rows = read_journal(tmp_path / JOURNAL_NAME)
+    assert [r["request_id"] for r in rows] == ["a", "b"]
+    assert not shard_journals(tmp_path)
+    # A merge whose shard files were left behind (cut after the rename) is not redone.
+    _lines(shard_journal_path(tmp_path, 1), [{"type": "request", "request_id": "b"}])
+    assert merge_shards(tmp_path) == 0
+    assert [r["request_id"] for r in read_journal(tmp_path / JOURNAL_NAME)[1]] == ["a", "b"]
+    assert not shard_journals(tmp_path)
+
+
+def test_merged_diagnostics_take_the_worst_worker() -> None:
+    merged = merge_diagnostics({
+        0: {"stamp_error_p99_s": 1e-4, "cpu_cores": 0.3, "kernel_stamps": True,
+            "saturation_reasons": []},
+        1: {"stamp_error_p99_s": 5e-3, "cpu_cores": 0.9, "kernel_stamps": True,
+            "saturation_reasons": ["client saturated"]}})
+    assert merged["stamp_error_p99_s"] == 5e-3 and merged["cpu_cores"] == 0.9
+    assert merged["saturation_reasons"] == ["worker 1: client saturated"]
+    assert set(merged["workers"]) == {"0", "1"}
