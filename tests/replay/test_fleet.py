@@ -165,7 +165,7 @@ def test_a_killed_worker_keeps_every_request_it_finished(server: str,
     time.sleep(0.5)
     # What the worker had journaled when it died (the file cannot grow after).
     _, finished = read_journal(shard)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     lost = summary["workers"]["lost"]
@@ -188,7 +188,7 @@ def test_on_worker_loss_stop_ends_the_run(server: str, tmp_path: Path) -> None:
     pid = _pid_of(shard)
     _wait_requests(shard, 3)
     os.kill(pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"].startswith("worker 0 lost (killed by SIGKILL")
@@ -202,7 +202,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server: str,
     pids = [_pid_of(shard_journal_path(run_dir, k)) for k in (0, 1)]
     _wait_requests(shard_journal_path(run_dir, 1), 3)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
     for pid in pids:  # no worker outlives the run
         with pytest.raises(ProcessLookupError):
