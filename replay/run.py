@@ -42,6 +42,7 @@ from agentload.replay.engine.core import (
 from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
 from agentload.replay.fleet.local import FleetEngine, OnLoss, auto_workers
+from agentload.replay.fleet.recount import recount_theoretical
 from agentload.replay.journal import (
     JOURNAL_NAME,
     SERVER_METRICS_TEXT,
@@ -392,6 +393,12 @@ def run_replay(
     if isinstance(engine, FleetEngine):
         run["workers"] = engine.fleet_record()
         merge_shards(run_dir)
+        changed = recount_theoretical(run_dir / JOURNAL_NAME, trace_obj, options,
+                                      target.kv_block_size or trace_obj.block_size)
+        run["workers"]["theoretical_cache"] = (
+            "per worker: with --outputs actual the prompts hold tokens only each worker saw"
+            if changed is None else f"recounted over every worker's requests in time order "
+            f"({changed} requests changed)")
     if outcome is not None:
         run["outcome"] = asdict(outcome)
         run["client_diagnostics"] = engine.diagnostics.summary()

@@ -201,6 +201,51 @@ SETTLE_S = 0.005
 CUT_KIND = "grace"
 
 
+class Planner:
+    """What each lane plays: its ``index``-th play of ``session``, with the marker and
+    start turn the options give. Deterministic per (lane, index, session), so a worker
+    process, or the driver recounting a ``--workers`` run, plans exactly what one
+    process would."""
+
+    def __init__(self, trace: Trace, options: ReplayOptions) -> None:
+        self.options = options
+        # Per session: where each request's marker goes (after the shared prefix).
+        self._shared_ids = (shared_block_ids(trace) if options.cache_bust
+                            == "after-shared-prefix" else frozenset[int]())
+        self._marker_at: dict[str, dict[str, int]] = {}
+        self._declared_prefix = declared_prefix_blocks(trace)
+
+    def plan(self, lane: int, index: int, session: Session) -> Play:
+        after_shared = self.options.cache_bust == "after-shared-prefix"
+        marker = (marker_block(lane, index, self.options.salt_tokens)
+                  if self.options.recycle or after_shared else None)
+        marker_at = self.marker_positions(session) if after_shared else None
+        if not self.options.recycle:
+            return plan_play(session, lane, index, marker=marker, marker_at=marker_at)
+        start = 0
+        if index == 0 and self.options.start_at == "time":
+            at_s = aiperf_start_s(self.options.seed, session, lane, self.options.start_range)
+            if at_s is not None:
+                return plan_play_at(session, lane, index, start_s=at_s, marker=marker,
+                                    marker_at=marker_at, barrier=WARM_BARRIER)
+        if index == 0:
+            # Each lane draws from its own seeded stream, so a lane's plan does not depend
+            # on which other lanes share its process (``replay --workers``).
+            lo, hi = self.options.start_range
+            rng = random.Random(f"start-{self.options.seed}-{lane}")
+            start = int(rng.uniform(lo, hi) * main_turns(session))
+        return plan_play(session, lane, index, start_turn=start,
+                         warmup_turns=self.options.warmup_turns, marker=marker,
+                         marker_at=marker_at)
+
+    def marker_positions(self, session: Session) -> dict[str, int]:
+        found = self._marker_at.get(session.id)
+        if found is None:
+            found = self._marker_at[session.id] = marker_positions(
+                session, self._shared_ids, self._declared_prefix.get(session.id))
+        return found
+
+
 class ReplayEngine:
     """Plays ``trace`` against ``target`` with ``options.users`` lanes; ``await run()``."""
 
@@ -266,14 +311,10 @@ class ReplayEngine:
         self.diagnostics = ClientDiagnostics()
         self._ttft_s: list[float] = []
         self.pacer = IdleCap(options.idle_cap_s, self._idle_shift, self._after_follow_ups)
-        # Per session: where each request's marker goes (after the shared prefix).
-        self._shared_ids = (shared_block_ids(trace) if options.cache_bust
-                            == "after-shared-prefix" else frozenset[int]())
-        self._marker_at: dict[str, dict[str, int]] = {}
+        self.planner = Planner(trace, options)
         # Per session, under --aiperf-compatible: each request's chat messages.
         self._sessions = {s.id: s for s in trace.sessions}
         self._segments: dict[str, Mapping[str, tuple[tuple[str, int], ...]]] = {}
-        self._declared_prefix = declared_prefix_blocks(trace)
         # With recycling the run is bounded by time or a request count, not by the trace.
         planned_total = ((options.max_requests or 0) if options.recycle
                          else self._shard_requests())
@@ -431,27 +472,7 @@ class ReplayEngine:
             yield sessions[(lane + k * users) % len(sessions)]
 
     def _plan(self, lane: int, index: int, session: Session) -> Play:
-        after_shared = self.options.cache_bust == "after-shared-prefix"
-        marker = (marker_block(lane, index, self.options.salt_tokens)
-                  if self.options.recycle or after_shared else None)
-        marker_at = self._marker_positions(session) if after_shared else None
-        if not self.options.recycle:
-            return plan_play(session, lane, index, marker=marker, marker_at=marker_at)
-        start = 0
-        if index == 0 and self.options.start_at == "time":
-            at_s = aiperf_start_s(self.options.seed, session, lane, self.options.start_range)
-            if at_s is not None:
-                return plan_play_at(session, lane, index, start_s=at_s, marker=marker,
-                                    marker_at=marker_at, barrier=WARM_BARRIER)
-        if index == 0:
-            # Each lane draws from its own seeded stream, so a lane's plan does not depend
-            # on which other lanes share its process (``replay --workers``).
-            lo, hi = self.options.start_range
-            rng = random.Random(f"start-{self.options.seed}-{lane}")
-            start = int(rng.uniform(lo, hi) * main_turns(session))
-        return plan_play(session, lane, index, start_turn=start,
-                         warmup_turns=self.options.warmup_turns, marker=marker,
-                         marker_at=marker_at)
+        return self.planner.plan(lane, index, session)
 
     def _chat_segments(self, req: Request) -> tuple[tuple[str, int], ...] | None:
         """AIPerf's chat messages for ``req`` (``plan.chat_segments``), under
@@ -468,11 +489,7 @@ class ReplayEngine:
         return found.get(req.id.removesuffix(PRIME_SUFFIX))
 
     def _marker_positions(self, session: Session) -> dict[str, int]:
-        found = self._marker_at.get(session.id)
-        if found is None:
-            found = self._marker_at[session.id] = marker_positions(
-                session, self._shared_ids, self._declared_prefix.get(session.id))
-        return found
+        return self.planner.marker_positions(session)
 
     async def _lane(self, lane: int, sessions: Iterator[Session],
                     first: Play | None = None) -> None:

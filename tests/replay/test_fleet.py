@@ -33,7 +33,7 @@ from agentload.replay.journal import (
 from agentload.replay.live import LiveBoard
 from agentload.replay.run import run_replay
 from agentload.replay.serve.server import free_port
-from agentload.traces import demo_trace_path
+from agentload.traces import Block, Request, Session, Trace, demo_trace_path
 from tests.support import ROOT, run_cli
 from tests.tui.test_live import sse_app
 
@@ -274,3 +274,44 @@ def test_merged_diagnostics_take_the_worst_worker() -> None:
     assert merged["stamp_error_p99_s"] == 5e-3 and merged["cpu_cores"] == 0.9
     assert merged["saturation_reasons"] == ["worker 1: client saturated"]
     assert set(merged["workers"]) == {"0", "1"}
+
+
+def _shared_prefix_trace() -> Trace:
+    """Four sessions opening with one shared 256-token system block, arriving 0.3 s apart
+    (open loop), two turns each."""
+    sessions = []
+    for k in range(4):
+        system, own = Block(id=1, tokens=256), Block(id=100 + k, tokens=64)
+        first = Request(id=f"s{k}-t0", session_id=f"s{k}", blocks=(system, own),
+                        output_tokens=8, arrival_s=0.3 * k)
+        second = Request(id=f"s{k}-t1", session_id=f"s{k}",
+                         blocks=(system, own, Block(id=200 + k, tokens=64)), output_tokens=8,
+                         depends_on=(first.id,), pause_s=0.05)
+        sessions.append(Session(id=f"s{k}", requests=(first, second)))
+    return Trace(name="shared-prefix", sessions=tuple(sessions), block_size=64)
+
+
+def test_theoretical_hits_are_counted_over_every_worker(server: str, tmp_path: Path) -> None:
+    """Sessions sharing a system prefix: per worker, each worker's first use of it would
+    count as a miss; the driver recounts over every worker's requests. The recount of a
+    one-process journal changes nothing: it counts as the engine counts."""
+    from agentload.replay.fleet.recount import recount_theoretical
+
+    trace = _shared_prefix_trace()
+    frames = {}
+    for workers in (1, 2):
+        opts = ReplayOptions(users=4, open_loop=True, cache_salt=3)
+        run_dir = tmp_path / f"w{workers}"
+        run_replay(trace, run_dir, target_url=server, options=opts, workers=workers,
+                   progress="none", report=False, say=lambda line: None)
+        again = recount_theoretical(run_dir / JOURNAL_NAME, trace, opts, trace.block_size)
+        assert again == 0  # the engine's own counts (w1), or the driver's recount (w2)
+        frames[workers] = pl.read_parquet(run_dir / "requests.parquet").sort("request_id")
+    run = json.loads((tmp_path / "w2" / "run.json").read_text())
+    assert "(1 requests changed)" in run["workers"]["theoretical_cache"]  # s1's first turn
+    # Sessions 1-3 start after session 0's prompt was computed: its 256 system tokens hit.
+    hits = dict(zip(frames[2]["request_id"], frames[2]["theoretical_cached_tokens"],
+                    strict=True))
+    assert hits["s0-t0"] == 0 and hits["s1-t0"] == hits["s2-t0"] == hits["s3-t0"] == 256
+    assert frames[1]["theoretical_cached_tokens"].equals(
+        frames[2]["theoretical_cached_tokens"])
