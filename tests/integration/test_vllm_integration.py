@@ -68,6 +68,31 @@ def test_demo_trace_replays_exactly(embedded_server: str, tmp_path: Path) -> Non
     assert s["speculative_decoding"] is None  # no drafts on this server: no figure
 
 
+def test_two_workers_replay_exactly_the_requests_of_one(embedded_server: str,
+                                                         tmp_path: Path) -> None:
+    """``--workers 2`` against real vLLM: the same requests, lengths and server-counted
+    tokens as one process, none lost, none twice, and the server's cache saw the reuse."""
+    trace = read_trace(demo_trace_path())
+    frames, summaries = {}, {}
+    for workers, salt in ((1, 2001), (2, 2002)):
+        result = run_replay(trace, tmp_path / f"w{workers}", target_url=embedded_server,
+                            options=ReplayOptions(users=4, time_scale=0.3, cache_salt=salt),
+                            progress="none", report=False, workers=workers)
+        frames[workers] = pl.read_parquet(tmp_path / f"w{workers}" / "requests.parquet")
+        summaries[workers] = result.summary
+    key = ["request_id", "lane", "play", "isl_requested", "osl_requested", "isl", "osl"]
+    one, two = frames[1].select(key).sort(key), frames[2].select(key).sort(key)
+    assert one.height == two.height == trace.num_requests
+    assert one.equals(two)
+    assert frames[2]["ok"].all() and frames[2]["request_id"].n_unique() == trace.num_requests
+    s = summaries[2]
+    assert s["workers"]["count"] == 2 and s["workers"]["workers_lost"] == 0
+    assert s["requests_completed"] == trace.num_requests and s["osl_exact_fraction"] == 1.0
+    assert abs(s["theoretical_prefix_cache_hit_rate"]
+               - summaries[1]["theoretical_prefix_cache_hit_rate"]) < 0.01
+    assert abs(s["server_prefix_cache_hit_rate"] - s["theoretical_prefix_cache_hit_rate"]) < 0.05
+
+
 def test_per_request_cached_tokens_follow_the_trace(embedded_server: str,
                                                     tmp_path: Path) -> None:
     result = run_replay(demo_trace_path(), tmp_path / "run", target_url=embedded_server,
