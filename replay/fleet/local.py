@@ -117,17 +117,132 @@ class ShardJob:
     cpu: int | None = None
 
 
+class WorkerLink:
+    """How the driver reaches one worker, wherever it runs (a local process here; a Ray
+    actor in ``fleet/ray.py``). Messages from a worker: ``("status", counters)``,
+    ``("done", outcome, diagnostics)``, ``("error", text, traceback)``."""
+
+    index: int
+    lanes: tuple[int, ...]
+
+    def launch(self) -> None:
+        """Start the worker (returns at once)."""
+        raise NotImplementedError
+
+    async def ready(self) -> int | None:
+        """The worker's planned request total once it is ready; None while it is not."""
+        raise NotImplementedError
+
+    def go(self, start_at_ns: int) -> None:
+        """Start playing at ``start_at_ns`` on the driver's ``perf_counter_ns`` clock."""
+        raise NotImplementedError
+
+    async def messages(self) -> list[tuple[Any, ...]]:
+        """What the worker said since the last call (and its journal lines, fetched)."""
+        raise NotImplementedError
+
+    def gone(self) -> str | None:
+        """Why the worker ended without a result (None while it runs)."""
+        raise NotImplementedError
+
+    def stop(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def terminate(self, wait_s: float = 0.0) -> None:
+        """End the worker, after ``wait_s`` for it to exit by itself (what it journaled
+        stays)."""
+        raise NotImplementedError
+
+    def record(self) -> dict[str, Any]:
+        """Where it ran, for ``run.json``."""
+        return {}
+
+
+class ProcessLink(WorkerLink):
+    """A worker process on this host, spoken to over a pipe."""
+
+    def __init__(self, job: ShardJob, lanes: tuple[int, ...]) -> None:
+        self.index, self.lanes, self.job = job.index, lanes, job
+        self.pipe: Connection | None = None
+        self.process: Any = None
+        self._inbox: list[tuple[Any, ...]] = []
+
+    def launch(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker, args=(self.job, child), daemon=True,
+                                   name=f"agentload-shard-{self.index}")
+        self.process.start()
+        child.close()
+        self.pipe = parent
+
+    async def ready(self) -> int | None:
+        assert self.pipe is not None
+        if self.pipe.poll():
+            message = self.pipe.recv()
+            if message[0] != "ready":
+                raise RuntimeError(f"worker {self.index} failed to start: {message[1]}")
+            return int(message[1])
+        if not self.process.is_alive():
+            raise RuntimeError(f"worker {self.index} died while starting "
+                               f"({_exit_reason(self.process.exitcode)})")
+        return None
+
+    def go(self, start_at_ns: int) -> None:
+        assert self.pipe is not None
+        self.pipe.send(("go", start_at_ns))
+
+    async def messages(self) -> list[tuple[Any, ...]]:
+        assert self.pipe is not None
+        out = []
+        with contextlib.suppress(EOFError, OSError):
+            while self.pipe.poll():
+                out.append(self.pipe.recv())
+        return out
+
+    def gone(self) -> str | None:
+        if self.process.is_alive():
+            return None
+        self.process.join(timeout=0)
+        return _exit_reason(self.process.exitcode)
+
+    def stop(self, reason: str) -> None:
+        if self.pipe is not None:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.pipe.send(("stop", reason))
+
+    def terminate(self, wait_s: float = 0.0) -> None:
+        if self.process is None:
+            return
+        self.process.join(timeout=wait_s)
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+
+    def record(self) -> dict[str, Any]:
+        return {"pid": self.process.pid if self.process is not None else None,
+                "cpu": self.job.cpu}
+
+
 @dataclass(slots=True)
 class _Shard:
     """The driver's view of one worker."""
 
-    index: int
-    lanes: tuple[int, ...]
-    process: Any
-    pipe: Connection
+    link: WorkerLink
     status: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     lost: dict[str, Any] | None = None
+
+    @property
+    def index(self) -> int:
+        return self.link.index
+
+    @property
+    def lanes(self) -> tuple[int, ...]:
+        return self.link.lanes
 
     @property
     def over(self) -> bool:
@@ -285,6 +400,8 @@ class FleetEngine:
         self._finished = False
         self._tail: JournalPlayback | None = None
 
+    placement = "local processes"
+
     # -- the engine's surface
 
     def now_ns(self) -> int:
@@ -299,8 +416,7 @@ class FleetEngine:
         self.live.stopping(self.now_ns(), reason)
         for shard in self._shards:
             if not shard.over:
-                with contextlib.suppress(OSError, BrokenPipeError):
-                    shard.pipe.send(("stop", reason))
+                shard.link.stop(reason)
 
     def snapshot(self) -> ProgressSnapshot:
         counts = Counter[str]()
@@ -332,14 +448,14 @@ class FleetEngine:
             start_at = time.perf_counter_ns() + int(0.2e9)
             self._t0_ns, self._started = start_at, True
             for shard in self._shards:
-                shard.pipe.send(("go", start_at))
+                shard.link.go(start_at)
             self.journal.write_event("replay_start", 0, users=self.options.users,
                                      recycle=self.options.recycle, workers=self.workers)
             self._tail = JournalPlayback(self.run_dir, board=self.live, follow_ends=False,
                                          paths=[shard_journal_path(self.run_dir, k)
                                                 for k in range(self.workers)])
             while not all(shard.over for shard in self._shards):
-                self._poll()
+                await self._poll()
                 self._tail.advance(self.now_ns())
                 await asyncio.sleep(0.05)
             self._tail.advance(self.now_ns())
@@ -355,21 +471,20 @@ class FleetEngine:
 
     # -- workers
 
+    def links(self) -> list[WorkerLink]:
+        """One link per worker: local processes (``fleet/ray.py`` overrides this)."""
+        return [ProcessLink(ShardJob(k, self.workers, self.trace, self.target, self.options,
+                                     self.run_dir, self.slo,
+                                     self.cpus[k % len(self.cpus)] if self.cpus else None),
+                            self.lanes[k]) for k in range(self.workers)]
+
     async def _spawn(self) -> None:
-        ctx = mp.get_context("spawn")
         saved = {k: os.environ.get(k) for k in _QUIET_THREADS}
         os.environ.update(dict.fromkeys(_QUIET_THREADS, "1"))  # no idle BLAS threads
         try:
-            for k in range(self.workers):
-                cpu = self.cpus[k % len(self.cpus)] if self.cpus else None
-                job = ShardJob(k, self.workers, self.trace, self.target, self.options,
-                               self.run_dir, self.slo, cpu)
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(job, child), daemon=True,
-                                   name=f"agentload-shard-{k}")
-                proc.start()
-                child.close()
-                self._shards.append(_Shard(k, self.lanes[k], proc, parent))
+            for link in self.links():
+                self._shards.append(_Shard(link))
+                link.launch()
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -377,45 +492,34 @@ class FleetEngine:
                 else:
                     os.environ[key] = value
         deadline = time.monotonic() + self.start_timeout_s
-        waiting = {s.index for s in self._shards}
+        waiting = {s.index: s for s in self._shards}
         while waiting:
-            for shard in self._shards:
-                if shard.index not in waiting or not shard.pipe.poll():
-                    if shard.index in waiting and not shard.process.is_alive():
-                        raise RuntimeError(f"worker {shard.index} died while starting "
-                                           f"(exit code {shard.process.exitcode})")
-                    continue
-                message = shard.pipe.recv()
-                if message[0] != "ready":
-                    raise RuntimeError(f"worker {shard.index} failed to start: {message[1]}")
-                self.total_requests += int(message[1])
-                waiting.discard(shard.index)
+            for index, shard in list(waiting.items()):
+                total = await shard.link.ready()
+                if total is not None:
+                    self.total_requests += total
+                    del waiting[index]
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers {sorted(waiting)} did not start in "
                                    f"{self.start_timeout_s:g} s")
             await asyncio.sleep(0.02)
 
-    def _poll(self) -> None:
+    async def _poll(self) -> None:
         for shard in self._shards:
             if shard.over:
                 continue
-            try:
-                while shard.pipe.poll():
-                    message = shard.pipe.recv()
-                    if message[0] == "status":
-                        shard.status = message[1]
-                    elif message[0] == "done":
-                        shard.result = {"outcome": message[1]}
-                        self.diagnostics.shards[shard.index] = message[2]
-                        break
-                    elif message[0] == "error":
-                        self._lose(shard, f"failed: {message[1]}", message[2])
-                        break
-            except (EOFError, OSError):
-                pass
-            if not shard.over and not shard.process.is_alive():
-                shard.process.join(timeout=0)
-                self._lose(shard, _exit_reason(shard.process.exitcode))
+            for message in await shard.link.messages():
+                if message[0] == "status":
+                    shard.status = message[1]
+                elif message[0] == "done":
+                    shard.result = {"outcome": message[1]}
+                    self.diagnostics.shards[shard.index] = message[2]
+                    break
+                elif message[0] == "error":
+                    self._lose(shard, f"failed: {message[1]}", message[2])
+                    break
+            if not shard.over and (why := shard.link.gone()) is not None:
+                self._lose(shard, why)
 
     def _lose(self, shard: _Shard, reason: str, detail: str | None = None) -> None:
         """A worker ended without finishing: keep what it journaled, record the rest."""
@@ -435,13 +539,7 @@ class FleetEngine:
         """End every worker still running (the run ended, or the driver was interrupted:
         what they journaled stays, and the loss is recorded as the driver's doing)."""
         for shard in self._shards:
-            if shard.process.is_alive() and shard.result is None:
-                shard.process.terminate()
-        for shard in self._shards:
-            shard.process.join(timeout=10)
-            if shard.process.is_alive():
-                shard.process.kill()
-                shard.process.join(timeout=5)
+            shard.link.terminate(wait_s=5.0 if shard.result is not None else 0.0)
             if not shard.over:
                 self._lose(shard, "stopped by the driver (interrupted)")
 
@@ -462,8 +560,9 @@ class FleetEngine:
 
     def fleet_record(self) -> dict[str, Any]:
         """``run.json``'s ``workers``: how the lanes were split and which workers were lost."""
-        return {"count": self.workers, "placement": "local processes",
+        return {"count": self.workers, "placement": self.placement,
                 "lanes": {str(k): list(v) for k, v in self.lanes.items()},
+                "where": {str(s.index): s.link.record() for s in self._shards},
                 "cpus": self.cpus or None, "on_loss": self.on_loss,
                 "lost": [s.lost for s in self._shards if s.lost is not None]}
 
