@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Each does all set-up itself:
-# an idempotent .venv, the package with its cpu-server and dev extras, removal of the
+# an idempotent .venv, the package with its cpu-server, dev and ray extras, removal of the
 # torchvision/torchaudio/torchcodec wheels that break next to the CPU torch, and the
 # locally built tiny model. `make install` is the shared step.
 
@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[cpu-server,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[cpu-server,dev,ray]'
 	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
 	@# Fail here, not half-way through a test run, if vLLM's CPU build cannot import.
 	$(PY) -c "import torch, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"

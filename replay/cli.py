@@ -164,13 +164,16 @@ def with_preset(name: str | None, recycle: bool, duration: float | None,
             chosen.session_order if session_order == "pinned" else session_order)
 
 
-def _fleet(workers: str, cpus: str | None, on_loss: str) -> dict[str, Any]:
-    """``run_replay``'s worker arguments from --workers, --cpus and --on-worker-loss."""
+def _fleet(workers: str, cpus: str | None, on_loss: str,
+           ray_address: str | None = None) -> dict[str, Any]:
+    """``run_replay``'s worker arguments from --workers, --cpus, --on-worker-loss, --ray."""
     if on_loss not in ("continue", "stop"):
         raise ReplayError(f"--on-worker-loss must be continue or stop, got {on_loss!r}")
+    if ray_address is not None and cpus is not None:
+        raise ReplayError("--cpus pins local workers; with --ray, Ray places them")
     return {"workers": parse_workers(workers),
             "cpus": parse_cpus(cpus) if cpus is not None else None,
-            "on_worker_loss": on_loss}
+            "on_worker_loss": on_loss, "ray_address": ray_address}
 
 
 def _start_range(text: str) -> tuple[float, float]:
@@ -315,6 +318,10 @@ OnWorkerLoss = Annotated[str, typer.Option(
     "--on-worker-loss", help="continue (default): a worker that dies leaves its finished "
     "requests, the rest of the run goes on, and summary.json records the loss. stop: the "
     "whole run stops sending then.")]
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", help="Place the workers as Ray actors over the nodes of this Ray cluster "
+    "(auto: the one this host belongs to; or HOST:PORT of its head). Needs the extra: pip "
+    "install 'agentload[ray]'. --workers auto then means one per node.")]
 ProfileWindow = Annotated[str | None, typer.Option(
     "--profile-window", help="START:END seconds into the replay: POST /start_profile "
     "and /stop_profile to the server around that window.")]
@@ -373,6 +380,7 @@ def replay(
     workers: WorkersOpt = "auto",
     cpus: CpusOpt = None,
     on_worker_loss: OnWorkerLoss = "continue",
+    ray_address: RayOpt = None,
 ) -> None:
     """Replay TRACE against a server and write the run to --output.
 
@@ -413,7 +421,7 @@ def replay(
                        pause_cap_s=pause_cap,
                        pause_rule="end-to-start" if traffic.pauses == "end-to-start"
                        else "trace"),
-        **_fleet(workers, cpus, on_worker_loss),
+        **_fleet(workers, cpus, on_worker_loss, ray_address),
     )
     _print_result(result, preset_name)
 
@@ -513,6 +521,7 @@ def compare(
     workers: WorkersOpt = "auto",
     cpus: CpusOpt = None,
     on_worker_loss: OnWorkerLoss = "continue",
+    ray_address: RayOpt = None,
 ) -> None:
     """Replay the same workload against each arm in turn and compare them.
 
@@ -555,7 +564,7 @@ def compare(
                        pause_cap_s=pause_cap,
                        pause_rule="end-to-start" if traffic.pauses == "end-to-start"
                        else "trace"),
-        **_fleet(workers, cpus, on_worker_loss),
+        **_fleet(workers, cpus, on_worker_loss, ray_address),
     )
     for name, run in result.runs:
         typer.echo(f"{name}: {run.run_dir}")

@@ -42,6 +42,7 @@ from agentload.replay.engine.core import (
 from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
 from agentload.replay.fleet.local import FleetEngine, OnLoss, auto_workers
+from agentload.replay.fleet.ray import RayFleetEngine, connect, disconnect
 from agentload.replay.fleet.recount import recount_theoretical
 from agentload.replay.journal import (
     JOURNAL_NAME,
@@ -269,6 +270,7 @@ def run_replay(
     workers: int | None = 1,
     cpus: list[int] | None = None,
     on_worker_loss: OnLoss = "continue",
+    ray_address: str | None = None,
 ) -> RunResult:
     """Replay ``trace`` against ``target_url``, a fresh embedded server, or ``arm``'s server.
 
@@ -277,7 +279,8 @@ def run_replay(
     /stop_profile around that window. ``workers`` > 1 plays the lanes in that many
     worker processes (``fleet/local.py``; None: ``auto_workers``), pinned round-robin to
     ``cpus`` when given; ``on_worker_loss`` says whether the run goes on without a worker
-    that died.
+    that died. ``ray_address`` (``auto`` or HOST:PORT) places the workers as Ray actors
+    over that cluster's nodes instead (``fleet/ray.py``).
     """
     if embedded + (target_url is not None) + (arm is not None) != 1:
         raise ReplayError("give exactly one target: --target URL, --arm FILE:NAME or "
@@ -290,6 +293,12 @@ def run_replay(
     options = options or ReplayOptions(cache_salt=new_cache_salt())
     if options.users < 1:
         raise ReplayError("--users must be at least 1")
+    if ray_address is not None:
+        nodes = connect(ray_address)  # first: a bad address is one line, nothing written
+        if workers is None:
+            workers = nodes if unshardable(options) is None else 1
+            say(f"workers: {workers} (auto: one per node of the Ray cluster at "
+                f"{ray_address}; --workers N to choose)")
     if workers is None:
         problem = unshardable(options)
         workers = auto_workers(options.users) if problem is None else 1
@@ -351,15 +360,20 @@ def run_replay(
         with Journal(run_dir / JOURNAL_NAME) as journal:
             journal.write_run(run)
             client = build_http_client(options, target.base_url)
-            engine: Engine = (
-                ReplayEngine(trace_obj, target, options, journal, client, slo=slo)
-                if workers == 1 else
-                FleetEngine(trace_obj, target, options, journal, run_dir, workers, slo=slo,
-                            cpus=cpus, on_loss=on_worker_loss))
+            engine: Engine
+            if ray_address is not None:
+                engine = RayFleetEngine(trace_obj, target, options, journal, run_dir,
+                                        workers, slo=slo, on_loss=on_worker_loss)
+            elif workers > 1:
+                engine = FleetEngine(trace_obj, target, options, journal, run_dir, workers,
+                                     slo=slo, cpus=cpus, on_loss=on_worker_loss)
+            else:
+                engine = ReplayEngine(trace_obj, target, options, journal, client, slo=slo)
             planned = (f"{engine.total_requests} requests" if engine.total_requests else
                        f"sessions recycled for {options.duration_s:g} s" if options.duration_s
                        else "sessions recycled")
-            spread = f", {workers} worker processes" if workers > 1 else ""
+            spread = (f", {workers} Ray actors" if ray_address is not None else
+                      f", {workers} worker processes" if workers > 1 else "")
             say(f"replaying {trace_obj.name} ({planned}, "
                 f"{options.users} users{spread}) against {target.label} -> {run_dir}")
             sampler, gpu_note = open_sampler(target.base_url, managed=server is not None)
@@ -408,6 +422,8 @@ def run_replay(
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
     write_json(run_dir / "run.json", run)
+    if ray_address is not None:
+        disconnect()
     result = write_results(run_dir, report=report)
     if viewer is not None:
         # The dashboard shows where the run went and stays until its user leaves.

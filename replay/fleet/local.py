@@ -181,10 +181,10 @@ class ProcessLink(WorkerLink):
         if self.pipe.poll():
             message = self.pipe.recv()
             if message[0] != "ready":
-                raise RuntimeError(f"worker {self.index} failed to start: {message[1]}")
+                raise ReplayError(f"worker {self.index} failed to start: {message[1]}")
             return int(message[1])
         if not self.process.is_alive():
-            raise RuntimeError(f"worker {self.index} died while starting "
+            raise ReplayError(f"worker {self.index} died while starting "
                                f"({_exit_reason(self.process.exitcode)})")
         return None
 
@@ -294,7 +294,7 @@ async def _play(engine: ReplayEngine, client: Any, conn: Connection,
     async def report() -> None:
         while True:
             await asyncio.sleep(STATUS_EVERY_S)
-            conn.send(("status", _counters(engine)))
+            conn.send(("status", shard_counters(engine)))
 
     loop.add_reader(conn.fileno(), on_message)
     async with client:
@@ -309,11 +309,11 @@ async def _play(engine: ReplayEngine, client: Any, conn: Connection,
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             loop.remove_reader(conn.fileno())
-    conn.send(("status", _counters(engine)))
+    conn.send(("status", shard_counters(engine)))
     return outcome, engine.diagnostics.summary()
 
 
-def _counters(engine: ReplayEngine) -> dict[str, Any]:
+def shard_counters(engine: ReplayEngine) -> dict[str, Any]:
     snap = engine.snapshot()
     return {"sent": engine.requests_sent, "done": snap.requests_done,
             "failed": snap.requests_failed, "skipped": snap.requests_skipped,
@@ -500,8 +500,8 @@ class FleetEngine:
                     self.total_requests += total
                     del waiting[index]
             if time.monotonic() > deadline:
-                raise RuntimeError(f"workers {sorted(waiting)} did not start in "
-                                   f"{self.start_timeout_s:g} s")
+                raise ReplayError(f"workers {sorted(waiting)} did not start in "
+                                  f"{self.start_timeout_s:g} s")
             await asyncio.sleep(0.02)
 
     async def _poll(self) -> None:
