@@ -4,21 +4,17 @@ one line with exit 2. The server is the small SSE server of ``tests/tui/test_liv
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import polars as pl
 import pytest
-from aiohttp import web
 
 from agentload.replay.engine.core import ReplayOptions
 from agentload.replay.errors import ReplayError
@@ -32,34 +28,9 @@ from agentload.replay.journal import (
 )
 from agentload.replay.live import LiveBoard
 from agentload.replay.run import run_replay
-from agentload.replay.serve.server import free_port
 from agentload.traces import Block, Request, Session, Trace, demo_trace_path
-from tests.support import ROOT, run_cli
-from tests.tui.test_live import sse_app
-
-KEY = ["request_id", "session_id", "lane", "play", "turn", "phase", "isl_requested",
-       "osl_requested", "isl", "osl"]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = free_port()
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(sse_app(ttft_s=0.01, itl_s=0.002))
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{port}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
+from tests.support import run_cli
+from tests.support.fleet import KEY, start_replay, wait_requests, worker_pid
 
 
 class _Watcher:
@@ -127,40 +98,13 @@ def test_recycled_lanes_plan_the_same_plays_in_any_process(server: str,
     assert first[1]["start_turn"].n_unique() > 1  # each lane draws its own start
 
 
-def _pid_of(journal: Path, timeout_s: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if journal.is_file():
-            for line in journal.read_bytes().splitlines():
-                obj = orjson.loads(line)
-                if obj.get("kind") == "worker":
-                    return int(obj["pid"])
-        time.sleep(0.1)
-    raise AssertionError(f"no worker line in {journal}")
-
-
-def _wait_requests(journal: Path, n: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while journal.read_bytes().count(b'{"type":"request"') < n:
-        assert time.monotonic() < deadline, f"{journal} never held {n} requests"
-        time.sleep(0.05)
-
-
-def _start(server: str, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentload", "replay", str(demo_trace_path()), "--target",
-         server, "--users", "4", "--recycle", "--time-scale", "0.05", "--headless",
-         "--no-report", "--workers", "2", "-o", str(run_dir), *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def test_a_killed_worker_keeps_every_request_it_finished(server: str,
                                                           tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _start(server, run_dir, "--duration", "6")
+    proc = start_replay(server, run_dir, "--duration", "6")
     shard = shard_journal_path(run_dir, 1)
-    pid = _pid_of(shard)
-    _wait_requests(shard, 5)
+    pid = worker_pid(shard)
+    wait_requests(shard, 5)
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.5)
     # What the worker had journaled when it died (the file cannot grow after).
@@ -183,10 +127,10 @@ def test_a_killed_worker_keeps_every_request_it_finished(server: str,
 
 def test_on_worker_loss_stop_ends_the_run(server: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _start(server, run_dir, "--duration", "60", "--on-worker-loss", "stop")
+    proc = start_replay(server, run_dir, "--duration", "60", "--on-worker-loss", "stop")
     shard = shard_journal_path(run_dir, 0)
-    pid = _pid_of(shard)
-    _wait_requests(shard, 3)
+    pid = worker_pid(shard)
+    wait_requests(shard, 3)
     os.kill(pid, signal.SIGKILL)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
@@ -198,9 +142,9 @@ def test_on_worker_loss_stop_ends_the_run(server: str, tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server: str,
                                                             tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _start(server, run_dir, "--duration", "60")
-    pids = [_pid_of(shard_journal_path(run_dir, k)) for k in (0, 1)]
-    _wait_requests(shard_journal_path(run_dir, 1), 3)
+    proc = start_replay(server, run_dir, "--duration", "60")
+    pids = [worker_pid(shard_journal_path(run_dir, k)) for k in (0, 1)]
+    wait_requests(shard_journal_path(run_dir, 1), 3)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]

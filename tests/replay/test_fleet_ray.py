@@ -22,9 +22,8 @@ from agentload.replay.journal import read_journal, shard_journal_path
 from agentload.replay.run import run_replay
 from agentload.replay.serve.server import free_port
 from agentload.traces import demo_trace_path
-from tests.replay.test_fleet import KEY, _pid_of, _start, _wait_requests
-from tests.replay.test_fleet import server as server  # noqa: F401  (the fixture)
 from tests.support import ROOT, run_cli
+from tests.support.fleet import KEY, start_replay, wait_requests, worker_pid
 
 ray = pytest.importorskip("ray")
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -52,7 +51,7 @@ def cluster() -> Iterator[str]:
 
 
 def test_ray_actors_on_two_nodes_send_the_requests_of_one_process(
-        server: str, cluster: str, tmp_path: Path) -> None:  # noqa: F811
+        server: str, cluster: str, tmp_path: Path) -> None:
     opts = ReplayOptions(users=4, time_scale=0.05, cache_salt=7)
     run_replay(demo_trace_path(), tmp_path / "one", target_url=server, options=opts,
                workers=1, progress="none", report=False, say=lambda line: None)
@@ -75,13 +74,13 @@ def test_ray_actors_on_two_nodes_send_the_requests_of_one_process(
     assert result.summary["workers"]["workers_lost"] == 0
 
 
-def test_a_killed_ray_actor_keeps_what_it_streamed(server: str, cluster: str,  # noqa: F811
+def test_a_killed_ray_actor_keeps_what_it_streamed(server: str, cluster: str,
                                                    tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _start(server, run_dir, "--duration", "8", "--ray", cluster)
+    proc = start_replay(server, run_dir, "--duration", "8", "--ray", cluster)
     local = shard_journal_path(run_dir, 1)
-    pid = _pid_of(local)
-    _wait_requests(local, 5)
+    pid = worker_pid(local)
+    wait_requests(local, 5)
     os.kill(pid, signal.SIGKILL)
     _, streamed = read_journal(local)  # what had reached the driver at the kill
     _out, err = proc.communicate(timeout=180)
