@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -123,6 +124,8 @@ def test_a_killed_worker_keeps_every_request_it_finished(server: str,
     survivors = frame.filter(pl.col("lane").is_in([0, 2]))
     assert survivors["sent_ns"].max() / 1e9 > lost[0]["at_s"] + 1.0
     assert "worker 1 lost: killed by SIGKILL" in err
+    # Headless progress lines aggregate every worker: counts and the P90 of their union.
+    assert re.search(r"requests \d+/\? done, .* P90 interactivity \d+ tok/s", err), err
 
 
 def test_on_worker_loss_stop_ends_the_run(server: str, tmp_path: Path) -> None:
