@@ -19,6 +19,7 @@ import typer
 
 from agentload.replay.engine.core import ReplayOptions
 from agentload.replay.engine.fit import FitOptions
+from agentload.replay.errors import ReplayError
 from agentload.replay.run import new_cache_salt, run_replay
 from agentload.replay.serve.server import embedded_server_spec, serving
 from agentload.traces.formats import load_any
@@ -55,35 +56,70 @@ def client_command(
     requests: Annotated[int | None, typer.Option(
         "--requests", help="Requests in all (default 4 per stream).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens")] = 200,
-    workers: Annotated[int, typer.Option("--workers", help="agentload worker processes.")
-                       ] = 2,
+    workers: Annotated[str, typer.Option(
+        "--workers", help="agentload worker processes; a list (1,2,4,8) measures the "
+        "scaling: each count in turn against one emulator, delivered events/s against N x "
+        "the first count's per worker.")] = "2",
     ttft_ms: Annotated[float, typer.Option("--ttft-ms")] = 50.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms")] = 20.0,
     tokens_per_event: Annotated[int, typer.Option("--tokens-per-event")] = 1,
     vllm_bench: Annotated[bool, typer.Option("--vllm-bench/--no-vllm-bench",
                                              help="Also run vllm bench serve.")] = True,
+    emulator_procs: Annotated[int, typer.Option(
+        "--emulator-procs", min=1, help="Emulator processes sharing its port (its ceiling "
+        "is about one core's worth of events per process).")] = 1,
+    emulator_cpus: Annotated[str | None, typer.Option(
+        "--emulator-cpus", help="Pin the emulator's processes to these CPUs (e.g. 0-3).")
+    ] = None,
+    cpus: Annotated[str | None, typer.Option(
+        "--cpus", help="Pin agentload's workers (and vllm bench serve) to these CPUs, apart "
+        "from the emulator's (e.g. 4-15).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Is the client the bottleneck? agentload vs vllm bench serve on the emulator.
 
     Delivered vs offered token events/s, CPU per event, stamp error vs emission, events
-    per read, loop lag, GC, and ratios (AIPerf too where it is installed).
+    per read, loop lag, GC, and ratios (AIPerf too where it is installed). With a list of
+    worker counts: how delivered events/s scales with agentload's worker processes.
+
+    Example (16 cores: the emulator on 0-3, the clients on 4-15):
+
+      agentload bench client --streams 2000 --workers 1,2,4,8 --emulator-procs 4 \\
+          --emulator-cpus 0-3 --cpus 4-15
     """
     from agentload.replay.bench.client_bench import (
         ClientBenchConfig,
         client_benchmark,
         report_lines,
+        scaling_benchmark,
+        scaling_lines,
     )
+    from agentload.replay.fleet.local import parse_cpus
 
-    cfg = ClientBenchConfig(streams=streams, requests=requests, max_tokens=max_tokens,
-                            workers=workers, ttft_ms=ttft_ms, itl_ms=itl_ms,
-                            tokens_per_event=tokens_per_event, vllm_bench=vllm_bench)
-    result = client_benchmark(cfg, say=None if as_json else
-                              (lambda line: typer.echo(line, err=True)))
+    try:
+        counts = [int(w) for w in workers.split(",") if w.strip()]
+    except ValueError:
+        raise ReplayError(f"--workers must be a count or a list like 1,2,4; got {workers!r}"
+                          ) from None
+    if not counts or min(counts) < 1:
+        raise ReplayError(f"--workers must be at least 1, got {workers!r}")
+    cfg = ClientBenchConfig(
+        streams=streams, requests=requests, max_tokens=max_tokens, workers=counts[-1],
+        ttft_ms=ttft_ms, itl_ms=itl_ms, tokens_per_event=tokens_per_event,
+        vllm_bench=vllm_bench, emulator_procs=emulator_procs,
+        emulator_cpus=tuple(parse_cpus(emulator_cpus)) if emulator_cpus else (),
+        worker_cpus=tuple(parse_cpus(cpus)) if cpus else ())
+    say = None if as_json else (lambda line: typer.echo(line, err=True))
+    if len(counts) > 1:
+        result = scaling_benchmark(cfg, counts, say=say)
+        lines = scaling_lines(result)
+    else:
+        result = client_benchmark(cfg, say=say)
+        lines = report_lines(result)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
-        typer.echo("\n".join(report_lines(result)))
+        typer.echo("\n".join(lines))
 
 
 def agree_command(

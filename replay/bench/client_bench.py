@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,11 @@ class ClientBenchConfig:
     vllm_bench: bool = True
     aiperf: bool = True
     gc_mode: str = "off"
+    # The emulator as this many processes sharing its port (SO_REUSEPORT), pinned to
+    # emulator_cpus round-robin; agentload's workers pinned to worker_cpus.
+    emulator_procs: int = 1
+    emulator_cpus: tuple[int, ...] = ()
+    worker_cpus: tuple[int, ...] = ()
 
     @property
     def total_requests(self) -> int:
@@ -87,45 +92,88 @@ def _ms(values: np.ndarray) -> dict[str, float | None]:
             "max_ms": float(v.max()) if v.size else None}
 
 
+# Each emulator URL's control URLs: one per process when several share its port.
+_CONTROLS: dict[str, list[str]] = {}
+
+
 @contextlib.contextmanager
 def emulator(cfg: ClientBenchConfig, log: Path, cpu: int | None = None) -> Iterator[str]:
-    """Start the emulator in its own process; yield its base URL; stop it."""
+    """Start the emulator (``cfg.emulator_procs`` processes on one port); yield its base
+    URL; stop it."""
     port = free_port()
-    argv = [sys.executable, "-m", "agentload.replay.bench.emulator", "--port", str(port),
-            "--ttft-ms", str(cfg.ttft_ms), "--itl-ms", str(cfg.itl_ms),
-            "--jitter-ms", str(cfg.jitter_ms), "--tokens-per-event", str(cfg.tokens_per_event),
-            "--nice", "-10"]
-    if cpu is not None:
-        argv += ["--cpu", str(cpu)]
-    with log.open("w") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+    procs_n = max(1, cfg.emulator_procs)
+    cpus = list(cfg.emulator_cpus) or ([cpu] if cpu is not None else [])
+    procs: list[subprocess.Popen[bytes]] = []
+    controls: list[str] = []
     url = f"http://127.0.0.1:{port}"
     try:
+        for i in range(procs_n):
+            argv = [sys.executable, "-m", "agentload.replay.bench.emulator", "--port",
+                    str(port), "--ttft-ms", str(cfg.ttft_ms), "--itl-ms", str(cfg.itl_ms),
+                    "--jitter-ms", str(cfg.jitter_ms), "--tokens-per-event",
+                    str(cfg.tokens_per_event), "--nice", "-10", "--seed", str(i)]
+            if procs_n > 1:
+                control = free_port()
+                argv += ["--reuse-port", "--control-port", str(control)]
+                controls.append(f"http://127.0.0.1:{control}")
+            if cpus:
+                argv += ["--cpu", str(cpus[i % len(cpus)])]
+            path = log if procs_n == 1 else log.with_name(f"{log.stem}-{i}{log.suffix}")
+            with path.open("w") as fh:
+                procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise ReplayError(f"the emulator exited at start: {log.read_text()[-500:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise ReplayError("the emulator did not answer /health within 30 s")
-            time.sleep(0.1)
+        for i, check in enumerate(controls or [url]):
+            while True:
+                if procs[i].poll() is not None:
+                    raise ReplayError(f"the emulator exited at start: {log.read_text()[-500:]}"
+                                      if procs_n == 1 else f"emulator process {i} exited at "
+                                      "start")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(check + "/health", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise ReplayError("the emulator did not answer /health within 30 s")
+                time.sleep(0.1)
+        _CONTROLS[url] = controls or [url]
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _CONTROLS.pop(url, None)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def emulator_stats(url: str, reset: bool = False) -> dict[str, Any]:
-    got: dict[str, Any] = httpx.get(url + "/_emulator/stats", timeout=10).json()
-    if reset:
-        httpx.get(url + "/_emulator/reset", timeout=10)
-    return got
+    """The emulator's own figures (merged over its processes when there are several)."""
+    parts = []
+    for control in _CONTROLS.get(url, [url]):
+        parts.append(httpx.get(control + "/_emulator/stats", timeout=10).json())
+        if reset:
+            httpx.get(control + "/_emulator/reset", timeout=10)
+    return parts[0] if len(parts) == 1 else merge_emulator_stats(parts)
+
+
+def merge_emulator_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several emulator processes as one: counts summed, lags and CPU the worst one's (a
+    saturated process makes the whole emulator saturated)."""
+    out = dict(parts[0])
+    for key in ("requests", "events", "tokens", "steps", "max_running_streams"):
+        out[key] = sum(int(p.get(key) or 0) for p in parts)
+    for key in ("step_lag_p50_ms", "step_lag_p99_ms", "step_lag_max_ms", "step_write_p50_ms",
+                "step_write_p99_ms", "cpu_mean", "cpu_max"):
+        values = [p[key] for p in parts if p.get(key) is not None]
+        out[key] = max(values) if values else None
+    saturated = [p for p in parts if p.get("saturated")]
+    out["saturated"] = bool(saturated)
+    out["verdict"] = saturated[0]["verdict"] if saturated else "ok"
+    out["pid"] = [p.get("pid") for p in parts]
+    out["processes"] = len(parts)
+    return out
 
 
 def window_rate(times_ns: np.ndarray, first_ns: int, last_ns: int) -> float:
@@ -248,9 +296,11 @@ def run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
 def _run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
     lanes = split(cfg.streams, cfg.workers)
     requests = split(cfg.total_requests, cfg.workers)
+    cpus = cfg.worker_cpus
     specs = [ShardSpec(i, cfg.workers, url, lanes[i], requests[i], max_tokens=cfg.max_tokens,
                        prompt_tokens=cfg.prompt_tokens, stagger_s=cfg.request_s(),
-                       gc_mode="on" if cfg.gc_mode == "on" else "off")
+                       gc_mode="on" if cfg.gc_mode == "on" else "off",
+                       cpu=cpus[i % len(cpus)] if cpus else None)
              for i in range(cfg.workers) if lanes[i]]
     return merge(run_shards(specs, EMULATOR_MODEL), min_gap_ns(cfg))
 
@@ -308,8 +358,12 @@ def run_vllm_bench(url: str, cfg: ClientBenchConfig, workdir: Path, tokenizer: P
     cpu_marks: dict[str, float] = {}
     deadline = time.monotonic() + timeout_s
     with log.open("w") as fh:
+        # On the cores agentload's workers had, when they were pinned: the same room.
+        cpus = set(cfg.worker_cpus)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, text=True, bufsize=1)
+                                env=env, text=True, bufsize=1,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus
+                                else None)
         assert proc.stdout is not None
         for line in proc.stdout:
             fh.write(line)
@@ -464,6 +518,75 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
         "valid": not invalid,
         "invalid_reasons": invalid,
     }
+
+
+def scaling_benchmark(cfg: ClientBenchConfig, worker_counts: list[int],
+                      workdir: Path | None = None, say: Any = None) -> dict[str, Any]:
+    """agentload alone at each worker count against one emulator, in one run: delivered
+    token events/s, and its ratio to the count times the first count's per worker, capped
+    at the offered rate (the scaling efficiency), with each run's stamp error and the
+    emulator's verdict."""
+    def note(line: str) -> None:
+        if say is not None:
+            say(line)
+
+    if not worker_counts or min(worker_counts) < 1:
+        raise ReplayError("--workers must list counts of at least 1, e.g. 1,2,4,8")
+    rows = []
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="agentload-client-scaling-")))
+        url = stack.enter_context(emulator(cfg, workdir / "emulator.log"))
+        note(f"emulator: {cfg.emulator_procs} process(es) at {url}; offered "
+             f"{cfg.offered_events_per_s():,.0f} token events/s at {cfg.streams} streams")
+        emulator_stats(url, reset=True)
+        for workers in worker_counts:
+            note(f"agentload: {workers} worker process(es) ...")
+            agent = run_agentload(url, replace(cfg, workers=workers))
+            emu = emulator_stats(url, reset=True)
+            rows.append({"workers": workers, "events_per_s": agent["events_per_s"],
+                         "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
+                         "multi_event_read_share": agent["multi_event_read_share"],
+                         "saturation_reasons": agent["saturation_reasons"],
+                         "emulator_cpu_max": emu.get("cpu_max"),
+                         "emulator_saturated": bool(emu.get("saturated"))})
+    base = rows[0]
+    per_worker = base["events_per_s"] / base["workers"] if base["events_per_s"] else None
+    for row in rows:
+        # Against what N workers could deliver: N x the first count's per worker, but never
+        # more than the emulator offers (the scaling holds "up to the ceiling").
+        ideal = (min(row["workers"] * per_worker, cfg.offered_events_per_s())
+                 if per_worker else None)
+        row["efficiency"] = row["events_per_s"] / ideal if ideal else None
+    return {"config": {"streams": cfg.streams, "requests": cfg.total_requests,
+                       "max_tokens": cfg.max_tokens, "ttft_ms": cfg.ttft_ms,
+                       "itl_ms": cfg.itl_ms, "emulator_procs": cfg.emulator_procs,
+                       "emulator_cpus": list(cfg.emulator_cpus),
+                       "worker_cpus": list(cfg.worker_cpus), "cpus": os.cpu_count()},
+            "offered_events_per_s": cfg.offered_events_per_s(), "rows": rows}
+
+
+def scaling_lines(r: dict[str, Any]) -> list[str]:
+    """The scaling table as the console prints it."""
+    c = r["config"]
+    lines = [f"agentload client scaling: {c['streams']} streams, {c['max_tokens']} tokens, "
+             f"emulator TTFT {c['ttft_ms']:g} ms ITL {c['itl_ms']:g} ms, "
+             f"{c['emulator_procs']} emulator process(es) on CPUs {c['emulator_cpus'] or 'any'}, "
+             f"workers on CPUs {c['worker_cpus'] or 'any'}; offered "
+             f"{r['offered_events_per_s']:,.0f} events/s; ideal = min(N x the first "
+             "count's events/s per worker, offered)",
+             f"  {'workers':>7}  {'events/s':>10}  {'vs ideal':>8}  {'stamp p99':>9}  "
+             f"{'emulator CPU':>12}"]
+    for row in r["rows"]:
+        eff = f"{row['efficiency']:.2f}" if row["efficiency"] is not None else "n/a"
+        p99 = (f"{row['p99_timestamp_error_ms']:.3f} ms"
+               if row["p99_timestamp_error_ms"] is not None else "n/a")
+        cpu = f"{row['emulator_cpu_max']:.0%}" if row["emulator_cpu_max"] is not None else "n/a"
+        flag = " (emulator saturated)" if row["emulator_saturated"] else ""
+        lines.append(f"  {row['workers']:>7}  {row['events_per_s']:>10,.0f}  {eff:>8}  "
+                     f"{p99:>9}  {cpu:>12}{flag}")
+    return lines
 
 
 def _untimed(tool: dict[str, Any]) -> float | None:

@@ -63,6 +63,10 @@ class EmulatorConfig:
     # Busy-wait this long before each step: loop timers are only ~1 ms exact.
     spin_us: float = 300.0
     vocab: int = 32000
+    # Several emulator processes may share one port (SO_REUSEPORT: the kernel spreads the
+    # connections), each answering its own stats on its own control port.
+    reuse_port: bool = False
+    control_port: int | None = None
 
 
 _HEAD_OK = (b"HTTP/1.1 200 OK\r\nserver: agentload-emulator\r\n"
@@ -528,7 +532,12 @@ async def serve(config: EmulatorConfig, ready: asyncio.Event | None = None,
     emu = Emulator(config)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Conn(emu), config.host, config.port,
-                                      backlog=4096, reuse_address=True)
+                                      backlog=4096, reuse_address=True,
+                                      reuse_port=config.reuse_port or None)
+    servers = [server]
+    if config.control_port is not None:
+        servers.append(await loop.create_server(lambda: _Conn(emu), config.host,
+                                                config.control_port, reuse_address=True))
     emu.start()
     if ready is not None:
         ready.set()
@@ -536,7 +545,8 @@ async def serve(config: EmulatorConfig, ready: asyncio.Event | None = None,
     try:
         await stop.wait()
     finally:
-        server.close()
+        for one in servers:
+            one.close()
         await emu.stop()
     return emu.stats()
 
@@ -555,6 +565,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spin-us", type=float, default=300.0)
     p.add_argument("--stats", default=None, help="Write the final stats JSON here on exit.")
     p.add_argument("--cpu", type=int, default=None, help="Pin to this CPU.")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="Share --port with other emulator processes (SO_REUSEPORT).")
+    p.add_argument("--control-port", type=int, default=None,
+                   help="Also answer on this port, so this process's own /_emulator/stats "
+                        "can be asked for when several share --port.")
     p.add_argument("--nice", type=int, default=0,
                    help="Scheduling priority change (negative: ahead of the client, so the "
                         "schedule holds on a shared machine; needs privileges).")
@@ -568,7 +583,8 @@ def main(argv: list[str] | None = None) -> None:
             os.nice(a.nice)
     cfg = EmulatorConfig(host=a.host, port=a.port, ttft_ms=a.ttft_ms, itl_ms=a.itl_ms,
                          jitter_ms=a.jitter_ms, tokens_per_event=a.tokens_per_event,
-                         model=a.model, seed=a.seed, spin_us=a.spin_us)
+                         model=a.model, seed=a.seed, spin_us=a.spin_us,
+                         reuse_port=a.reuse_port, control_port=a.control_port)
     loop_name = install_uvloop()
     import gc
     gc.collect()

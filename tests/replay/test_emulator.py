@@ -129,3 +129,32 @@ def test_middle_events_match_the_first_ones_byte_for_byte(emu: str) -> None:
     assert objs[1] == objs[2] == objs[3] == objs[4]
     assert objs[5]["choices"][0]["finish_reason"] == "length"
     assert all(int(_orjson.loads(d)["t_emit_ns"]) > 0 for d in datas)
+
+
+def test_emulator_processes_share_one_port_and_their_books_add_up(tmp_path: Path) -> None:
+    """--emulator-procs: the kernel spreads connections over processes on one port; the
+    stats merge counts (sums) and keeps the worst process's CPU and lag."""
+    cfg = ClientBenchConfig(ttft_ms=20.0, itl_ms=5.0, emulator_procs=2)
+    with emulator(cfg, tmp_path / "emu.log") as url:
+        emulator_stats(url, reset=True)
+        results = asyncio.run(_streams(url, 40, 10))
+        assert all(r.ok and r.chunks == 10 for r in results)  # type: ignore[attr-defined]
+        stats = emulator_stats(url)
+    assert stats["processes"] == 2 and len(set(stats["pid"])) == 2
+    assert stats["requests"] == 40 and stats["events"] == 400
+    assert stats["verdict"] == "ok"
+
+
+def test_scaling_table_measures_each_worker_count_against_one_emulator() -> None:
+    from agentload.replay.bench.client_bench import scaling_benchmark, scaling_lines
+
+    cfg = ClientBenchConfig(streams=20, requests=40, max_tokens=20, ttft_ms=10.0,
+                            itl_ms=5.0, vllm_bench=False)
+    result = scaling_benchmark(cfg, [1, 2])
+    rows = result["rows"]
+    assert [r["workers"] for r in rows] == [1, 2]
+    # Every event arrived in both runs (20 tokens x 40 requests at the offered rate).
+    assert all(r["events_per_s"] > 0.5 * result["offered_events_per_s"] for r in rows)
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert 0.5 < rows[1]["efficiency"] <= 1.2  # capped at the offered rate, not 2x
+    assert "vs ideal" in "\n".join(scaling_lines(result))
