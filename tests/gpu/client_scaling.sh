@@ -1,0 +1,32 @@
+#!/bin/bash
+# agentload's client at fleet scale on the lent 16-core machine (issue 21's benchmark):
+# the emulator on its own cores, agentload's workers (and vllm bench serve) on the rest.
+# Device side, after `STEP=unpack bash tests/gpu/proving_ground.sh` on the same warm
+# machine (vllm bench serve comes from that bundle); everything comes back under $OUT.
+#
+#   EMU_CPUS=0-5 CLIENT_CPUS=6-15 ITL_MS=10 bash tests/gpu/client_scaling.sh
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PREFIX=/tmp/agentload-gpu
+EMU_PROCS=${EMU_PROCS:-6}; EMU_CPUS=${EMU_CPUS:-0-5}; CLIENT_CPUS=${CLIENT_CPUS:-6-15}
+ITL_MS=${ITL_MS:-10}
+log() { echo "== $(date +%T) $*"; }
+AGENTLOAD_SRC=$PWD bash .gpu/stage.sh .gpu "$PREFIX" > "$OUT/stage.txt" 2>&1
+. "$PREFIX/env.sh"
+{ nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node0"; nvidia-smi -L; } > "$OUT/machine.txt" 2>&1
+common=(--emulator-procs "$EMU_PROCS" --emulator-cpus "$EMU_CPUS" --cpus "$CLIENT_CPUS"
+        --itl-ms "$ITL_MS")
+log "scaling at ${STREAMS:-2000} streams over workers ${COUNTS:-1,2,4,8}"
+timeout "${SCALING_LIMIT:-300}" python3 -P -m agentload bench client --streams "${STREAMS:-2000}" \
+   --workers "${COUNTS:-1,2,4,8}" --no-vllm-bench "${common[@]}" --json \
+   > "$OUT/scaling.json" 2> "$OUT/scaling.txt"
+python3 -P -c "import json,sys; from agentload.replay.bench.client_bench import scaling_lines; print(chr(10).join(scaling_lines(json.load(open(sys.argv[1])))))" \
+   "$OUT/scaling.json" 2>&1 | tee -a "$OUT/scaling.txt"
+if [ "${VS_VLLM:-1}" = 1 ]; then
+  log "agentload (${VS_WORKERS:-8} workers) vs vllm bench serve at 1000 streams"
+  timeout "${VS_LIMIT:-240}" python3 -P -m agentload bench client --streams 1000 \
+     --workers "${VS_WORKERS:-8}" "${common[@]}" --json > "$OUT/vs-vllm.json" 2> "$OUT/vs-vllm.txt"
+  python3 -P -c "import json,sys; from agentload.replay.bench.client_bench import report_lines; print(chr(10).join(report_lines(json.load(open(sys.argv[1])))))" \
+     "$OUT/vs-vllm.json" 2>&1 | tee -a "$OUT/vs-vllm.txt"
+fi
+log done
