@@ -47,6 +47,7 @@ from agentload.replay.engine.core import ReplayOptions
 from agentload.replay.engine.prompts import TokenPrompts
 from agentload.replay.errors import ReplayError
 from agentload.replay.journal import CHUNKS_NAME
+from agentload.replay.serve.prometheus import parse_metrics
 from agentload.traces import Block, Request, Session, Trace
 
 METRICS = ("ttft", "tpot", "itl")
@@ -250,17 +251,16 @@ def server_counters(base: str) -> dict[str, float]:
     import httpx
 
     try:
-        text = httpx.get(f"{base}/metrics", timeout=10.0).text
+        return counters_in(httpx.get(f"{base}/metrics", timeout=10.0, trust_env=False).text)
     except httpx.HTTPError:
         return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        key = name.removeprefix("vllm:")
-        if key in _WANTED and name.startswith("vllm:"):
-            with contextlib.suppress(ValueError, IndexError):
-                out[key] = out.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
-    return out
+
+
+def counters_in(text: str) -> dict[str, float]:
+    """``server_counters`` of a ``/metrics`` text already scraped (names without
+    ``vllm:``), read by the one Prometheus parser."""
+    found = parse_metrics(text, tuple(f"vllm:{name}" for name in _WANTED))
+    return {name.removeprefix("vllm:"): value for name, value in found.items()}
 
 
 def counters_delta(before: dict[str, float], after: dict[str, float],

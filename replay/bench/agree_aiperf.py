@@ -49,7 +49,7 @@ from agentload.replay.bench.agree import (
     _target,
     clients_off,
     counters_delta,
-    server_counters,
+    counters_in,
     server_means_ms,
     tokenizer_for,
     worker_cpus,
@@ -287,14 +287,15 @@ def paired_ratios(ours: list[pl.DataFrame], theirs: list[pl.DataFrame],
     return out
 
 
-def prefix_scrape(base: str) -> MetricsScrape:
-    """The server's counters now (a failed scrape is ``ok=False``)."""
+def scrape_counters(base: str) -> tuple[MetricsScrape, dict[str, float]]:
+    """One ``/metrics`` scrape read twice: the prefix-cache counters (a failed scrape is
+    ``ok=False``) and the token counters and latency histograms (``agree.counters_in``)."""
     try:
         resp = httpx.get(base + "/metrics", timeout=10.0, trust_env=False)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
-        return MetricsScrape(values={}, ok=False, error=f"{type(exc).__name__}: {exc}")
-    return MetricsScrape(values=parse_metrics(resp.text))
+        return MetricsScrape(values={}, ok=False, error=f"{type(exc).__name__}: {exc}"), {}
+    return MetricsScrape(values=parse_metrics(resp.text)), counters_in(resp.text)
 
 
 def _tail(path: Path, chars: int = 2000) -> str:
@@ -411,25 +412,25 @@ def agreement_aiperf(trace: Path, url: str | None = None, *, users: int = 4,
         aiperf_meta: dict[str, Any] = {}
         for i in range(1, runs + 1):
             say(f"run {i}/{runs}: agentload replay {' '.join(options)} ...")
-            before, t0 = prefix_scrape(base), time.monotonic()
-            counters = server_counters(base)
+            (before, counters), t0 = scrape_counters(base), time.monotonic()
             frame = agentload_run(workdir / f"agentload{i}", url=base, model=model,
                                   trace=trace, users=users, duration_s=duration_s, seed=seed,
                                   options=options)
+            after, counters_after = scrape_counters(base)
             ours.append(run_figures(frame) | {
-                "prefix_hit_rate": prefix_cache_hit_rate(before, prefix_scrape(base)),
-                "server_ms": server_means_ms(counters_delta(counters, server_counters(base))),
+                "prefix_hit_rate": prefix_cache_hit_rate(before, after),
+                "server_ms": server_means_ms(counters_delta(counters, counters_after)),
                 "wall_s": time.monotonic() - t0})
             our_frames.append(frame)
             say(f"run {i}/{runs}: AIPerf {SCENARIO} ...")
-            before, t0 = prefix_scrape(base), time.monotonic()
-            counters = server_counters(base)
+            (before, counters), t0 = scrape_counters(base), time.monotonic()
             frame, aiperf_meta = aiperf_run(exe, workdir / f"aiperf{i}", url=base, model=model,
                                             tokenizer=tokenizer, trace=trace, users=users,
                                             duration_s=duration_s, seed=seed)
+            after, counters_after = scrape_counters(base)
             theirs.append(run_figures(frame) | {
-                "prefix_hit_rate": prefix_cache_hit_rate(before, prefix_scrape(base)),
-                "server_ms": server_means_ms(counters_delta(counters, server_counters(base))),
+                "prefix_hit_rate": prefix_cache_hit_rate(before, after),
+                "server_ms": server_means_ms(counters_delta(counters, counters_after)),
                 "wall_s": time.monotonic() - t0})
             their_frames.append(frame)
     if scratch:

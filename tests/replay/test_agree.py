@@ -306,3 +306,20 @@ def test_an_unknown_transport_is_one_line_and_exit_2() -> None:
 
     done = run_cli("bench", "agree", "--transport", "h2", "--target", "http://127.0.0.1:9")
     assert done.returncode == 2 and "expected stamped or aiohttp" in done.stderr
+
+
+def test_counters_in_reads_the_real_gpu_servers_metrics_text() -> None:
+    """The counters agreement compares with, from a real vLLM 0.26 ``/metrics`` (H100)."""
+    from agentload.replay.bench.agree import counters_in
+    from tests.support import DATA
+
+    text = (DATA / "gpu" / "run_moe_ngram_eager" / "server_metrics_end.txt").read_text()
+    got = counters_in(text)
+    assert got["prompt_tokens_total"] > 0 and got["generation_tokens_total"] > 0
+    assert got["time_to_first_token_seconds_count"] > 0
+    # Summed over label sets, exactly as a hand count of the text gives.
+    hand = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:time_to_first_token_seconds_sum"))
+    assert got["time_to_first_token_seconds_sum"] == pytest.approx(hand)
+    means = server_means_ms(got)
+    assert means["time_to_first_token"] is not None and means["time_to_first_token"] > 0
