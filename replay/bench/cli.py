@@ -74,6 +74,10 @@ def client_command(
     cpus: Annotated[str | None, typer.Option(
         "--cpus", help="Pin agentload's workers (and vllm bench serve) to these CPUs, apart "
         "from the emulator's (e.g. 4-15).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="Run the workers as Ray actors over this cluster's nodes (auto or "
+        "HOST:PORT); with a list of --workers, each count runs locally and then on Ray, "
+        "side by side.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Is the client the bottleneck? agentload vs vllm bench serve on the emulator.
@@ -108,7 +112,7 @@ def client_command(
         ttft_ms=ttft_ms, itl_ms=itl_ms, tokens_per_event=tokens_per_event,
         vllm_bench=vllm_bench, emulator_procs=emulator_procs,
         emulator_cpus=tuple(parse_cpus(emulator_cpus)) if emulator_cpus else (),
-        worker_cpus=tuple(parse_cpus(cpus)) if cpus else ())
+        worker_cpus=tuple(parse_cpus(cpus)) if cpus else (), ray_address=ray_address)
     say = None if as_json else (lambda line: typer.echo(line, err=True))
     if len(counts) > 1:
         result = scaling_benchmark(cfg, counts, say=say)

@@ -32,7 +32,13 @@ import numpy as np
 
 from agentload.replay.bench.emulator import EMULATOR_MODEL
 from agentload.replay.bench.hostload import busy_cores, host_busy
-from agentload.replay.bench.workers import ShardResult, ShardSpec, run_shards, split
+from agentload.replay.bench.workers import (
+    ShardResult,
+    ShardSpec,
+    run_shards,
+    run_shards_ray,
+    split,
+)
 from agentload.replay.errors import ReplayError
 from agentload.replay.serve.server import free_port
 
@@ -64,6 +70,8 @@ class ClientBenchConfig:
     emulator_procs: int = 1
     emulator_cpus: tuple[int, ...] = ()
     worker_cpus: tuple[int, ...] = ()
+    # Workers as Ray actors over this cluster's nodes instead of local processes.
+    ray_address: str | None = None
 
     @property
     def total_requests(self) -> int:
@@ -302,6 +310,8 @@ def _run_agentload(url: str, cfg: ClientBenchConfig) -> dict[str, Any]:
                        gc_mode="on" if cfg.gc_mode == "on" else "off",
                        cpu=cpus[i % len(cpus)] if cpus else None)
              for i in range(cfg.workers) if lanes[i]]
+    if cfg.ray_address is not None:
+        return merge(run_shards_ray(specs, EMULATOR_MODEL, cfg.ray_address), min_gap_ns(cfg))
     return merge(run_shards(specs, EMULATOR_MODEL), min_gap_ns(cfg))
 
 
@@ -543,14 +553,25 @@ def scaling_benchmark(cfg: ClientBenchConfig, worker_counts: list[int],
         emulator_stats(url, reset=True)
         for workers in worker_counts:
             note(f"agentload: {workers} worker process(es) ...")
-            agent = run_agentload(url, replace(cfg, workers=workers))
+            agent = run_agentload(url, replace(cfg, workers=workers, ray_address=None))
             emu = emulator_stats(url, reset=True)
-            rows.append({"workers": workers, "events_per_s": agent["events_per_s"],
-                         "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
-                         "multi_event_read_share": agent["multi_event_read_share"],
-                         "saturation_reasons": agent["saturation_reasons"],
-                         "emulator_cpu_max": emu.get("cpu_max"),
-                         "emulator_saturated": bool(emu.get("saturated"))})
+            row = {"workers": workers, "events_per_s": agent["events_per_s"],
+                   "p99_timestamp_error_ms": agent["p99_timestamp_error_ms"],
+                   "multi_event_read_share": agent["multi_event_read_share"],
+                   "saturation_reasons": agent["saturation_reasons"],
+                   "emulator_cpu_max": emu.get("cpu_max"),
+                   "emulator_saturated": bool(emu.get("saturated"))}
+            if cfg.ray_address is not None:
+                # The same count as Ray actors, right after, against the same emulator.
+                note(f"agentload: {workers} Ray actor(s) ...")
+                on_ray = run_agentload(url, replace(cfg, workers=workers))
+                ray_emu = emulator_stats(url, reset=True)
+                row |= {"ray_events_per_s": on_ray["events_per_s"],
+                        "ray_over_local": on_ray["events_per_s"] / agent["events_per_s"]
+                        if agent["events_per_s"] else None,
+                        "ray_p99_timestamp_error_ms": on_ray["p99_timestamp_error_ms"],
+                        "ray_emulator_saturated": bool(ray_emu.get("saturated"))}
+            rows.append(row)
     base = rows[0]
     per_worker = base["events_per_s"] / base["workers"] if base["events_per_s"] else None
     for row in rows:
@@ -563,7 +584,8 @@ def scaling_benchmark(cfg: ClientBenchConfig, worker_counts: list[int],
                        "max_tokens": cfg.max_tokens, "ttft_ms": cfg.ttft_ms,
                        "itl_ms": cfg.itl_ms, "emulator_procs": cfg.emulator_procs,
                        "emulator_cpus": list(cfg.emulator_cpus),
-                       "worker_cpus": list(cfg.worker_cpus), "cpus": os.cpu_count()},
+                       "worker_cpus": list(cfg.worker_cpus), "cpus": os.cpu_count(),
+                       "ray_address": cfg.ray_address},
             "offered_events_per_s": cfg.offered_events_per_s(), "rows": rows}
 
 
@@ -584,8 +606,12 @@ def scaling_lines(r: dict[str, Any]) -> list[str]:
                if row["p99_timestamp_error_ms"] is not None else "n/a")
         cpu = f"{row['emulator_cpu_max']:.0%}" if row["emulator_cpu_max"] is not None else "n/a"
         flag = " (emulator saturated)" if row["emulator_saturated"] else ""
+        ray = ""
+        if row.get("ray_events_per_s") is not None:
+            ray = (f"  Ray {row['ray_events_per_s']:,.0f} events/s "
+                   f"({row['ray_over_local']:.2f} x local)")
         lines.append(f"  {row['workers']:>7}  {row['events_per_s']:>10,.0f}  {eff:>8}  "
-                     f"{p99:>9}  {cpu:>12}{flag}")
+                     f"{p99:>9}  {cpu:>12}{flag}{ray}")
     return lines
 
 

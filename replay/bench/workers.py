@@ -274,3 +274,54 @@ def run_shards(specs: list[ShardSpec], model: str, lead_s: float = 0.5,
 def split(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` near-equal whole shares (the first ones larger)."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class _RayShard:
+    """A shard on a Ray node (``run_shards_ray`` makes it an actor)."""
+
+    def clock(self) -> int:
+        return time.perf_counter_ns()
+
+    def play(self, spec: ShardSpec, start_at_ns: int, model: str) -> ShardResult:
+        loop = prepare_process(spec)
+        result = asyncio.run(play_shard(spec, start_at_ns, model))
+        result.loop = loop
+        return result
+
+
+def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: float = 1.0,
+                   timeout_s: float = 900.0) -> list[ShardResult]:
+    """Every shard as a Ray actor (``SPREAD`` over the cluster's nodes), all starting at one
+    instant of this process's clock, translated into each node's by measured offsets.
+
+    A shard's stamps stay on its own host's clock: its durations are exact, and its stamp
+    error against the emulator's emission stamps means something only where the emulator
+    runs on the same host (a local cluster).
+    """
+    import ray
+
+    from agentload.replay.fleet.ray import connect
+
+    connect(address)
+    runner: Any = ray.remote(num_cpus=1, max_restarts=0)(_RayShard)
+    actors: list[Any] = [runner.options(scheduling_strategy="SPREAD").remote() for _ in specs]
+    try:
+        offsets = []
+        for actor in actors:
+            best: tuple[int, int] | None = None
+            for _ in range(8):
+                t1 = time.perf_counter_ns()
+                theirs: int = ray.get(actor.clock.remote(), timeout=120)
+                t2 = time.perf_counter_ns()
+                if best is None or t2 - t1 < best[1]:
+                    best = (theirs - (t1 + t2) // 2, t2 - t1)
+            assert best is not None
+            offsets.append(best[0])
+        start_at = time.perf_counter_ns() + int(lead_s * 1e9)
+        refs = [actor.play.remote(spec, start_at + offset, model)
+                for actor, spec, offset in zip(actors, specs, offsets, strict=True)]
+        results: list[ShardResult] = ray.get(refs, timeout=timeout_s)
+        return results
+    finally:
+        for actor in actors:
+            ray.kill(actor)

@@ -115,3 +115,21 @@ def test_ray_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         errors = [line for line in result.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and message in errors[0], (args, result.stderr)
         assert time.monotonic() - started < 60
+
+
+def test_bench_client_runs_its_workers_as_ray_actors_beside_local_ones(cluster: str) -> None:
+    from agentload.replay.bench.client_bench import (
+        ClientBenchConfig,
+        scaling_benchmark,
+        scaling_lines,
+    )
+
+    cfg = ClientBenchConfig(streams=20, requests=40, max_tokens=20, ttft_ms=10.0,
+                            itl_ms=5.0, vllm_bench=False, ray_address=cluster)
+    result = scaling_benchmark(cfg, [1, 2])
+    for row in result["rows"]:
+        # Every request's events came back either way, at the emulator's schedule.
+        assert row["ray_events_per_s"] > 0.5 * result["offered_events_per_s"]
+        assert 0.5 < row["ray_over_local"] < 2.0
+        assert not row["ray_emulator_saturated"]
+    assert "x local" in "\n".join(scaling_lines(result))
