@@ -40,11 +40,12 @@ def cluster() -> Iterator[str]:
     while 10000 <= port < 20000:  # Ray's worker ports; the head's must be elsewhere
         port = free_port()
     address = f"127.0.0.1:{port}"
-    _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats")
+    # Small object stores: nothing big travels, and CI has 24 GiB for everything.
+    small = ("--num-cpus", "1", "--object-store-memory", str(100 << 20))
+    _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), *small,
+         "--include-dashboard", "false", "--disable-usage-stats")
     try:
-        _ray("start", "--address", address, "--node-ip-address", "127.0.0.1",
-             "--num-cpus", "1")
+        _ray("start", "--address", address, "--node-ip-address", "127.0.0.1", *small)
         yield address
     finally:
         subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
