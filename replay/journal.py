@@ -8,6 +8,7 @@ into ``requests.parquet``, the table every metric and report is computed from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -155,18 +156,33 @@ def merge_shards(run_dir: Path) -> int:
     Each shard's lines are appended whole (a torn last line dropped), then the shard
     files go. The merged journal is written beside the old one and renamed over it, with
     a ``shards_merged`` event naming the files, so a merge cut short is never applied
-    twice: a journal that already holds that event only has the leftovers deleted.
+    twice: files a journal already names as merged are only deleted. A worker process of
+    this host still writing its journal (a driver killed mid-run) is waited for, never
+    merged under it.
     """
+    from agentload.replay.errors import ReplayError
+
     run_dir = Path(run_dir)
     shards = shard_journals(run_dir)
     if not shards:
         return 0
+    for path in shards:
+        if (pid := _live_local_worker(path)) is not None:
+            raise ReplayError(f"worker process {pid} still writes {path.name}; let it end "
+                              "(or kill it) before building the reports")
     main = run_dir / JOURNAL_NAME
+    merged: set[str] = set()
     with open(main, "rb") as fh:
-        if any(MERGED_EVENT.encode() in line and b'"type":"event"' in line for line in fh):
-            for path in shards:
-                path.unlink(missing_ok=True)
-            return 0
+        for line in fh:
+            if MERGED_EVENT.encode() in line and line.startswith(b'{"type":"event"'):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    merged.update(orjson.loads(line).get("files") or ())
+    done = [p for p in shards if p.name in merged]
+    for path in done:
+        path.unlink(missing_ok=True)
+    shards = [p for p in shards if p.name not in merged]
+    if not shards:
+        return 0
     moved = 0
     tmp = main.with_name(main.name + ".merging")
     with open(tmp, "wb") as out:
@@ -177,6 +193,11 @@ def merge_shards(run_dir: Path) -> int:
             with open(path, "rb") as fh:
                 for line in fh:
                     if line.endswith(b"\n"):  # a line without its newline was torn
+                        # A worker's start and end are not the run's (one of each).
+                        for kind in (b"replay_start", b"replay_end"):
+                            head = b'{"type":"event","kind":"' + kind + b'"'
+                            if line.startswith(head):
+                                line = line.replace(kind, kind.replace(b"replay", b"worker"), 1)
                         out.write(line)
                         moved += 1
         out.write(orjson.dumps({"type": "event", "kind": MERGED_EVENT, "t_ns": 0,
@@ -184,9 +205,48 @@ def merge_shards(run_dir: Path) -> int:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, main)
+    _fsync_dir(run_dir)  # the rename is durable before the shards go
     for path in shards:
         path.unlink(missing_ok=True)
     return moved
+
+
+def _live_local_worker(path: Path) -> int | None:
+    """The pid of the local worker process writing ``path``, if it is still alive (Ray
+    actors' lines name their host and are streamed by the driver: never waited for)."""
+    with open(path, "rb") as fh:
+        first = fh.readline()
+    try:
+        head = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return None
+    pid = head.get("pid") if head.get("kind") == "worker" and "host" not in head else None
+    if not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    # A recycled pid that is not ours would be a python process too; good enough here.
+    return pid if _is_python(pid) else None
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: assume the worker
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def request_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:

@@ -42,7 +42,7 @@ from agentload.replay.engine.core import (
 from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
 from agentload.replay.fleet.local import FleetEngine, OnLoss, auto_workers
-from agentload.replay.fleet.ray import RayFleetEngine, connect, disconnect
+from agentload.replay.fleet.ray import RayFleetEngine, check_reachable, connect, disconnect
 from agentload.replay.fleet.recount import recount_theoretical
 from agentload.replay.journal import (
     JOURNAL_NAME,
@@ -175,6 +175,9 @@ async def _publish(engine: Engine, interval_s: float = 0.25) -> None:
 async def _sample_server(engine: Engine, client: httpx.AsyncClient, base_url: str,
                          gpus: GpuSampler | None, interval_s: float = 1.0) -> None:
     """Journal the server's metrics (and local GPUs') every ``interval_s``."""
+    # A --workers driver starts its clock once every worker is ready: nothing is journaled
+    # before, so the samples' times never run back.
+    await engine.wait_started()
     while True:
         scrape = await prometheus.scrape(client, base_url)
         if scrape.ok:
@@ -203,8 +206,10 @@ async def _replay(engine: Engine, client: httpx.AsyncClient, base_url: str,
         if server is not None:
             helpers.append(asyncio.create_task(_watch_server(engine, server, say)))
         if window is not None:
-            helpers.append(asyncio.create_task(run_profile_window(client, base_url, window,
-                                                                  say)))
+            async def profile_window(window: ProfileWindowLog = window) -> None:
+                await engine.wait_started()  # START counts from the run's start
+                await run_profile_window(client, base_url, window, say)
+            helpers.append(asyncio.create_task(profile_window()))
         try:
             # The client's self-diagnostics: CPU, GC pauses and loop lag over the run.
             engine.diagnostics.start()
@@ -218,6 +223,17 @@ async def _replay(engine: Engine, client: httpx.AsyncClient, base_url: str,
             await asyncio.gather(*helpers, return_exceptions=True)
         after = await prometheus.scrape(client, base_url)
     return outcome, before, after
+
+
+@contextlib.contextmanager
+def _ray_session(address: str | None) -> Iterator[None]:
+    """Leave the Ray cluster (joined by ``connect`` before anything else) however the run
+    ends."""
+    try:
+        yield
+    finally:
+        if address is not None:
+            disconnect()
 
 
 @contextlib.contextmanager
@@ -346,8 +362,9 @@ def run_replay(
     server_hit: float | None = None
     # The journal opens only once the target answers, so a target that fails leaves
     # nothing but its log behind and the same directory can be used again.
-    with _target_for(spec, target_url, model, gpus, api_key, run_dir, say,
-                     startup_timeout_s) as (target, facts, server):
+    with _ray_session(ray_address), _target_for(
+            spec, target_url, model, gpus, api_key, run_dir, say,
+            startup_timeout_s) as (target, facts, server):
         trace_obj, fitted = fit_trace(trace_obj, fit or FitOptions())
         check_fits(trace_obj, facts.get("max_model_len"))
         if options.api == "chat":
@@ -355,6 +372,8 @@ def run_replay(
             options = replace(options, words_per_token=wpt, chat_word_tokens=word_tokens)
             run["options"] = asdict(options)
             run["prompt_mode"] = f"chat text ({wpt:.3f} words per token; {how})"
+        if ray_address is not None:
+            check_reachable(target.base_url)  # before anything is written
         run |= {"target": target.public(), "server": facts, "fit": fitted.as_dict()}
         write_json(run_dir / "run.json", run)
         with Journal(run_dir / JOURNAL_NAME) as journal:
@@ -422,8 +441,6 @@ def run_replay(
     run["interrupted"] = interrupted
     run["server_prefix_cache_hit_rate"] = server_hit
     write_json(run_dir / "run.json", run)
-    if ray_address is not None:
-        disconnect()
     result = write_results(run_dir, report=report)
     if viewer is not None:
         # The dashboard shows where the run went and stays until its user leaves.

@@ -282,6 +282,11 @@ class _RayShard:
     def clock(self) -> int:
         return time.perf_counter_ns()
 
+    def node(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
     def play(self, spec: ShardSpec, start_at_ns: int, model: str) -> ShardResult:
         loop = prepare_process(spec)
         result = asyncio.run(play_shard(spec, start_at_ns, model))
@@ -294,20 +299,27 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
     """Every shard as a Ray actor (``SPREAD`` over the cluster's nodes), all starting at one
     instant of this process's clock, translated into each node's by measured offsets.
 
-    A shard's stamps stay on its own host's clock: its durations are exact, and its stamp
-    error against the emulator's emission stamps means something only where the emulator
-    runs on the same host (a local cluster).
+    A shard on this host keeps its stamps (one clock: its stamp error against the
+    emulator's emission stamps is exact); one on another host has its stamps moved onto
+    this host's clock by its measured offset (within half a round trip), so the merged
+    rate is right, and its stamp error against emission means little.
     """
+    import dataclasses
+
     import ray
 
-    from agentload.replay.fleet.ray import connect
+    from agentload.replay.errors import ReplayError
+    from agentload.replay.fleet.ray import check_reachable, connect
 
     connect(address)
+    check_reachable(specs[0].url)
+    here = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
     runner: Any = ray.remote(num_cpus=1, max_restarts=0)(_RayShard)
     actors: list[Any] = [runner.options(scheduling_strategy="SPREAD").remote() for _ in specs]
     try:
-        offsets = []
+        offsets, nodes = [], []
         for actor in actors:
+            nodes.append(ray.get(actor.node.remote(), timeout=120))
             best: tuple[int, int] | None = None
             for _ in range(8):
                 t1 = time.perf_counter_ns()
@@ -318,10 +330,28 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
             assert best is not None
             offsets.append(best[0])
         start_at = time.perf_counter_ns() + int(lead_s * 1e9)
-        refs = [actor.play.remote(spec, start_at + offset, model)
+        # CPU numbers are this host's: a Ray node places its actor itself.
+        refs = [actor.play.remote(dataclasses.replace(spec, cpu=None), start_at + offset,
+                                  model)
                 for actor, spec, offset in zip(actors, specs, offsets, strict=True)]
         results: list[ShardResult] = ray.get(refs, timeout=timeout_s)
-        return results
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+        text = str(exc).strip()
+        raise ReplayError(f"a Ray shard failed: {text.splitlines()[0] if text else exc!r}"
+                          ) from None
     finally:
         for actor in actors:
             ray.kill(actor)
+    for result, node, offset in zip(results, nodes, offsets, strict=True):
+        if node != here:
+            _shift(result, -offset)
+    return results
+
+
+def _shift(result: ShardResult, by_ns: int) -> None:
+    """Move a shard's own stamps (not the emulator's) by ``by_ns``."""
+    for name in ("event_ns", "user_ns"):
+        values = getattr(result, name)
+        setattr(result, name, array("q", (v + by_ns for v in values)))
+    result.first_send_ns += by_ns
+    result.last_event_ns += by_ns

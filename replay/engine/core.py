@@ -286,6 +286,7 @@ class ReplayEngine:
         # Theoretical hits are counted at the server's KV block size when it is known.
         self.cache_model = PrefixCacheModel(target.kv_block_size or trace.block_size)
         self._t0_ns = 0
+        self._started = asyncio.Event()
         self._deadline_ns: int | None = None
         self._deadline: asyncio.TimerHandle | None = None
         # AIPerf's warm-up (``start_at="time"`` with recycling): resolved when every
@@ -328,6 +329,10 @@ class ReplayEngine:
         # The client's figures once a second (and summary.json's at the end): journaled,
         # so a playback shows them too, and on the dashboard.
         self.diagnostics.on_figures = self._client_figures
+
+    async def wait_started(self) -> None:
+        """Return once the run's clock has started (``now_ns`` counts from then)."""
+        await self._started.wait()
 
     @property
     def requests_sent(self) -> int:
@@ -372,11 +377,11 @@ class ReplayEngine:
             while time.perf_counter_ns() < start_at_ns:
                 await asyncio.sleep(0)
         self._t0_ns = start_at_ns if start_at_ns is not None else time.perf_counter_ns()
+        self._started.set()
         self.pacer.start(0)
         self._closed = asyncio.Event()
         if self._stop_reason is not None:
             self._closed.set()
-        firsts: list[Play | None] = [None] * self.options.users
         if self.options.recycle and self.options.start_at == "time":
             self._warm_done = asyncio.get_running_loop().create_future()
         if self.options.duration_s is not None and self._warm_done is None:
@@ -395,6 +400,7 @@ class ReplayEngine:
             lanes = [self._recycled(i, sessions) for i in range(self.options.users)]
         else:
             lanes = [iter(sessions[i:: self.options.users]) for i in range(self.options.users)]
+        firsts: list[Play | None] = [None] * len(lanes)  # open loop: a lane per session
         if self._warm_done is not None:
             # AIPerf's phases: every lane's first play is planned now, in lane order (its
             # sampler's draws); the warm-up (their priming requests) runs first, and the

@@ -172,14 +172,25 @@ class ProcessLink(WorkerLink):
         parent, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker, args=(self.job, child), daemon=True,
                                    name=f"agentload-shard-{self.index}")
-        self.process.start()
+        # A Ctrl-C while the child imports would print its traceback: it ignores SIGINT
+        # from the start (the disposition is inherited), as it does once running.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.process.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         child.close()
         self.pipe = parent
 
     async def ready(self) -> int | None:
         assert self.pipe is not None
         if self.pipe.poll():
-            message = self.pipe.recv()
+            try:
+                message = self.pipe.recv()
+            except (EOFError, OSError):  # the pipe closed: the worker died
+                self.process.join(timeout=5)
+                raise ReplayError(f"worker {self.index} died while starting "
+                                  f"({_exit_reason(self.process.exitcode)})") from None
             if message[0] != "ready":
                 raise ReplayError(f"worker {self.index} failed to start: {message[1]}")
             return int(message[1])
@@ -190,7 +201,8 @@ class ProcessLink(WorkerLink):
 
     def go(self, start_at_ns: int) -> None:
         assert self.pipe is not None
-        self.pipe.send(("go", start_at_ns))
+        with contextlib.suppress(OSError, BrokenPipeError):  # a dead one is found by gone()
+            self.pipe.send(("go", start_at_ns))
 
     async def messages(self) -> list[tuple[Any, ...]]:
         assert self.pipe is not None
@@ -221,6 +233,8 @@ class ProcessLink(WorkerLink):
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=5)
+        if self.pipe is not None:
+            self.pipe.close()
 
     def record(self) -> dict[str, Any]:
         return {"pid": self.process.pid if self.process is not None else None,
@@ -232,6 +246,7 @@ class _Shard:
     """The driver's view of one worker."""
 
     link: WorkerLink
+    planned: int = 0
     status: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     lost: dict[str, Any] | None = None
@@ -255,9 +270,9 @@ class _Shard:
 def _worker(job: ShardJob, conn: Connection) -> None:
     """A worker process: build the shard's engine, wait for the start, play, report."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    if job.cpu is not None:
-        os.sched_setaffinity(0, {job.cpu})
     try:
+        if job.cpu is not None:
+            os.sched_setaffinity(0, {job.cpu})
         with Journal(shard_journal_path(job.run_dir, job.index)) as journal:
             journal.write_event("worker", 0, worker=job.index, pid=os.getpid(), cpu=job.cpu)
             client = build_http_client(job.options, job.target.base_url)
@@ -388,11 +403,14 @@ class FleetEngine:
         lanes = len(trace.sessions) if options.open_loop else options.users
         self.lanes = {k: tuple(i for i in range(lanes) if i % workers == k)
                       for k in range(workers)}
-        self.total_requests = 0
+        # Recycled runs are bounded by time (--max-requests is refused), others by the trace.
+        self.total_requests = 0 if options.recycle else trace.num_requests
         self.diagnostics = FleetDiagnostics()
         self.live = LiveBoard(Header(target.label, trace.name, target.gpus, lanes,
-                                     0, options.duration_s, recycle=options.recycle,
+                                     self.total_requests, options.duration_s,
+                                     recycle=options.recycle,
                                      slo=tuple((slo or {}).items())))
+        self._started_event = asyncio.Event()
         self._shards: list[_Shard] = []
         self._t0_ns = time.perf_counter_ns()
         self._started = False
@@ -406,6 +424,10 @@ class FleetEngine:
 
     def now_ns(self) -> int:
         return time.perf_counter_ns() - self._t0_ns
+
+    async def wait_started(self) -> None:
+        """Return once every worker is ready and the run's clock has started."""
+        await self._started_event.wait()
 
     def stop(self, reason: str) -> None:
         """Every worker sends nothing more (what is in flight finishes)."""
@@ -445,8 +467,13 @@ class FleetEngine:
     async def run(self) -> EngineOutcome:
         try:
             await self._spawn()
+            if self._stop_reason is not None:  # stopped (server died, q) while starting
+                for shard in self._shards:
+                    shard.result = {"outcome": {"stop_reason": self._stop_reason}}
+                return self._outcome()
             start_at = time.perf_counter_ns() + int(0.2e9)
             self._t0_ns, self._started = start_at, True
+            self._started_event.set()
             for shard in self._shards:
                 shard.link.go(start_at)
             self.journal.write_event("replay_start", 0, users=self.options.users,
@@ -502,7 +529,7 @@ class FleetEngine:
             for index, shard in list(waiting.items()):
                 total = await shard.link.ready()
                 if total is not None:
-                    self.total_requests += total
+                    shard.planned = total
                     del waiting[index]
             if time.monotonic() > deadline:
                 raise ReplayError(f"workers {sorted(waiting)} did not start in "
@@ -510,21 +537,27 @@ class FleetEngine:
             await asyncio.sleep(0.02)
 
     async def _poll(self) -> None:
-        for shard in self._shards:
-            if shard.over:
-                continue
-            for message in await shard.link.messages():
-                if message[0] == "status":
-                    shard.status = message[1]
-                elif message[0] == "done":
-                    shard.result = {"outcome": message[1]}
-                    self.diagnostics.shards[shard.index] = message[2]
-                    break
-                elif message[0] == "error":
-                    self._lose(shard, f"failed: {message[1]}", message[2])
-                    break
+        live = [shard for shard in self._shards if not shard.over]
+        inboxes = await asyncio.gather(*(shard.link.messages() for shard in live))
+        for shard, messages in zip(live, inboxes, strict=True):
+            self._take(shard, messages)
             if not shard.over and (why := shard.link.gone()) is not None:
-                self._lose(shard, why)
+                # It may have said "done" just before it exited: read once more first.
+                self._take(shard, await shard.link.messages())
+                if not shard.over:
+                    self._lose(shard, why)
+
+    def _take(self, shard: _Shard, messages: list[tuple[Any, ...]]) -> None:
+        for message in messages:
+            if message[0] == "status":
+                shard.status = message[1]
+            elif message[0] == "done":
+                shard.result = {"outcome": message[1]}
+                self.diagnostics.shards[shard.index] = message[2]
+                return
+            elif message[0] == "error":
+                self._lose(shard, f"failed: {message[1]}", message[2])
+                return
 
     def _lose(self, shard: _Shard, reason: str, detail: str | None = None) -> None:
         """A worker ended without finishing: keep what it journaled, record the rest."""
@@ -549,12 +582,26 @@ class FleetEngine:
                 self._lose(shard, "stopped by the driver (interrupted)")
 
     def _outcome(self) -> EngineOutcome:
-        outcomes = [s.result["outcome"] for s in self._shards if s.result is not None]
+        """Every worker's outcome summed; a lost worker counts what it last reported as
+        sent, done and failed, and (a run over the trace) the rest of its plan as not sent."""
+        outcomes = []
+        for shard in self._shards:
+            if shard.result is not None:
+                outcomes.append(shard.result["outcome"])
+            elif shard.lost is not None:
+                status = shard.status
+                sent = int(status.get("sent", 0))
+                outcomes.append({
+                    "sent": sent, "completed": int(status.get("done", 0)),
+                    "failed": int(status.get("failed", 0)),
+                    "skipped": (0 if self.options.recycle
+                                else max(0, shard.planned - sent)
+                                + int(status.get("skipped", 0)))})
 
         def total(key: str) -> int:
             return sum(int(o.get(key) or 0) for o in outcomes)
 
-        reasons = Counter(o["stop_reason"] for o in outcomes)
+        reasons = Counter(o["stop_reason"] for o in outcomes if o.get("stop_reason"))
         stop_reason = self._stop_reason or (reasons.most_common(1)[0][0] if reasons
                                             else "every worker was lost")
         cut_reasons = [o["cut_reason"] for o in outcomes if o.get("cut_reason")]

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -38,6 +39,7 @@ from agentload.replay.journal import Journal, shard_journal_path
 RAY_MISSING = ("--ray needs Ray, an optional extra: pip install 'agentload[ray]' "
                "(ray>=2.60)")
 CLOCK_PROBES = 8
+DRAIN_TIMEOUT_S = 5.0
 
 
 def connect(address: str) -> int:
@@ -61,8 +63,42 @@ def connect(address: str) -> int:
         raise ReplayError(f"cannot join the Ray cluster at {address}: "
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                           ) from None
+    return len([node for node in cluster_nodes() if node.get("Resources", {}).get("CPU")])
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The live nodes of the Ray cluster this process has joined."""
+    import ray
+
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-    return len([node for node in nodes if node.get("Alive")])
+    return [node for node in nodes if node.get("Alive")]
+
+
+def check_reachable(url: str) -> None:
+    """Refuse a loopback target when the cluster has nodes on other hosts: from there,
+    127.0.0.1 is that node, not the server (start it on an address the nodes reach)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return
+    mine = {"127.0.0.1", _own_address()}
+    others = sorted({str(n.get("NodeManagerAddress")) for n in cluster_nodes()} - mine)
+    if others:
+        raise ReplayError(f"{url} is a loopback address, but Ray nodes on other hosts "
+                          f"({', '.join(others)}) would each reach their own 127.0.0.1: serve "
+                          "on an address every node reaches and give that")
+
+
+def _own_address() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
 def disconnect() -> None:
@@ -138,6 +174,12 @@ class ShardActor:
         if self.engine is not None:
             self.engine.stop(reason)
 
+    async def cleanup(self) -> None:
+        """Remove this node's copy of the journal (the driver holds every line)."""
+        if self.path is not None:
+            self.journal.close()
+            shutil.rmtree(self.path.parent, ignore_errors=True)
+
 
 _ACTOR: Any = None
 
@@ -204,20 +246,28 @@ class RayLink(WorkerLink):
         if self._gone is not None:
             return []
         try:
-            data, counters, result = await self.actor.drain.remote(self._offset)
+            # A node cut off answers nothing: the poll goes on; Ray declares it dead later.
+            data, counters, result = await asyncio.wait_for(
+                asyncio.wrap_future(self.actor.drain.remote(self._offset).future()),
+                DRAIN_TIMEOUT_S)
+        except TimeoutError:
+            return []
         except ray.exceptions.RayError as exc:
             self._gone = f"Ray actor lost: {_first_line(exc)}"
             return []
-        if data:
-            with open(self._local, "ab") as fh:
-                fh.write(data)
-            self._offset += len(data)
+        self._append(data)
         out: list[tuple[Any, ...]] = [("status", counters)]
         if result is not None:
             with contextlib.suppress(ray.exceptions.RayError, asyncio.TimeoutError):
                 self._clock["end"] = await asyncio.wait_for(self._offset_probe(), 10)
             out.append(result if result[0] == "done" else (*result[:2], None))
         return out
+
+    def _append(self, data: bytes) -> None:
+        if data:
+            with open(self._local, "ab") as fh:
+                fh.write(data)
+            self._offset += len(data)
 
     def gone(self) -> str | None:
         return self._gone
@@ -227,11 +277,18 @@ class RayLink(WorkerLink):
             self.actor.stop.remote(reason)
 
     def terminate(self, wait_s: float = 0.0) -> None:
+        """Pull what the actor journaled since the last poll, let it remove its journal,
+        then end it."""
         import ray
 
-        if self.actor is not None:
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.kill(self.actor, no_restart=True)
+        if self.actor is None:
+            return
+        if self._gone is None:
+            with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                self._append(ray.get(self.actor.drain.remote(self._offset), timeout=10)[0])
+                ray.get(self.actor.cleanup.remote(), timeout=10)
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.kill(self.actor, no_restart=True)
 
     def record(self) -> dict[str, Any]:
         return {**{k: v for k, v in self._where.items() if k != "total"},

@@ -79,6 +79,7 @@ class JournalPlayback:
         self.speed = speed
         self._clock = clock
         self._follow_ends = follow_ends
+        self._reading_main = True
         if paths is None:
             paths = [self.path, *shard_journals(run_dir)]
         # Journals are read as they grow; a worker's may not exist yet when this starts.
@@ -134,6 +135,8 @@ class JournalPlayback:
             self._items, self._pos, self._new = items, 0, []
 
     def _read_lines(self, path: Path, fh: IO[bytes]) -> None:
+        # Only the run's own journal ends the run, never one of its workers'.
+        self._reading_main = path == self.path
         data = self._partial.get(path, b"") + fh.read()
         lines = data.split(b"\n")
         self._partial[path] = lines.pop()
@@ -178,7 +181,7 @@ class JournalPlayback:
                 self._push(t, "play", obj)
             elif ev in ("stop", "backoff"):
                 self._push(t, ev, obj)
-            elif ev == "replay_end" and self._follow_ends:
+            elif ev == "replay_end" and self._follow_ends and self._reading_main:
                 self._ended = True
                 self._push(t, "end", obj)
             elif ev == "client":

@@ -367,6 +367,9 @@ def validity(summary: dict[str, Any]) -> dict[str, Any]:
             reasons.append(f"only {coverage:.0%} of the trace was sent ({stop})")
     if summary.get("interrupted"):
         reasons.append("the run was interrupted")
+    for lost in (summary.get("workers") or {}).get("lost") or ():
+        reasons.append(f"worker {lost.get('worker')} (lanes {lost.get('lanes')}) was lost at "
+                       f"{lost.get('at_s')} s: {lost.get('reason')}")
     # A client that could not keep up reports itself, not the server (diagnostics.py).
     reasons += (summary.get("client") or {}).get("saturation_reasons") or []
     return {"verdict": "invalid" if reasons else "valid", "reasons": reasons}

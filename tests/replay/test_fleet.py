@@ -79,6 +79,10 @@ def test_two_workers_send_exactly_the_requests_of_one(server: str, tmp_path: Pat
     run = json.loads((tmp_path / "two" / "run.json").read_text())
     assert run["workers"]["lanes"] == {"0": [0, 2], "1": [1, 3]}
     assert not shard_journals(tmp_path / "two")
+    # One start and one end of the run in the merged journal (the workers' are renamed).
+    kinds = [m.get("kind") for m in read_journal(tmp_path / "two" / JOURNAL_NAME)[0]]
+    assert kinds.count("replay_start") == kinds.count("replay_end") == 1
+    assert kinds.count("worker_end") == 2
     assert result.summary["workers"]["workers_lost"] == 0
     assert result.summary["requests_completed"] == result.summary["requests_sent"] == one.height
     # The dashboard's board saw every worker's requests, growing while the run went on.
@@ -124,6 +128,9 @@ def test_a_killed_worker_keeps_every_request_it_finished(server: str,
     survivors = frame.filter(pl.col("lane").is_in([0, 2]))
     assert survivors["sent_ns"].max() / 1e9 > lost[0]["at_s"] + 1.0
     assert "worker 1 lost: killed by SIGKILL" in err
+    # The loss makes the run invalid, and its requests still add up.
+    assert any("worker 1 (lanes [1, 3]) was lost" in r for r in summary["validity"]["reasons"])
+    assert summary["requests_sent"] >= summary["requests_completed"] + summary["requests_failed"]
     # Headless progress lines aggregate every worker: counts and the P90 of their union.
     assert re.search(r"requests \d+/\? done, .* P90 interactivity \d+ tok/s", err), err
 
@@ -210,6 +217,28 @@ def test_merge_keeps_whole_lines_drops_torn_ones_and_never_merges_twice(
     assert merge_shards(tmp_path) == 0
     assert [r["request_id"] for r in read_journal(tmp_path / JOURNAL_NAME)[1]] == ["a", "b"]
     assert not shard_journals(tmp_path)
+
+
+def test_merge_waits_for_a_local_worker_still_writing(tmp_path: Path) -> None:
+    _lines(tmp_path / JOURNAL_NAME, [{"type": "run"}])
+    _lines(shard_journal_path(tmp_path, 0), [
+        {"type": "event", "kind": "worker", "t_ns": 0, "worker": 0, "pid": os.getpid()}])
+    with pytest.raises(ReplayError, match=f"worker process {os.getpid()} still writes"):
+        merge_shards(tmp_path)
+    assert shard_journals(tmp_path)  # nothing merged, nothing lost
+
+
+def test_open_loop_with_more_sessions_than_users_over_workers(server: str,
+                                                             tmp_path: Path) -> None:
+    """Open loop: a lane per session, whatever --users says (it once indexed by users)."""
+    trace = _shared_prefix_trace()
+    opts = ReplayOptions(users=1, open_loop=True, cache_salt=4)
+    for workers in (1, 2):
+        run_replay(trace, tmp_path / f"w{workers}", target_url=server, options=opts,
+                   workers=workers, progress="none", report=False, say=lambda line: None)
+        frame = pl.read_parquet(tmp_path / f"w{workers}" / "requests.parquet")
+        assert frame.height == trace.num_requests and frame["ok"].all()
+        assert sorted(frame["lane"].unique()) == [0, 1, 2, 3]
 
 
 def test_merged_diagnostics_take_the_worst_worker() -> None:
