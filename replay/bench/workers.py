@@ -309,10 +309,14 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
     import ray
 
     from agentload.replay.errors import ReplayError
-    from agentload.replay.fleet.ray import check_reachable, connect
+    from agentload.replay.fleet.ray import check_reachable, connect, disconnect
 
     connect(address)
-    check_reachable(specs[0].url)
+    try:
+        check_reachable(specs[0].url)
+    except ReplayError:
+        disconnect()
+        raise
     here = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
     runner: Any = ray.remote(num_cpus=1, max_restarts=0)(_RayShard)
     actors: list[Any] = [runner.options(scheduling_strategy="SPREAD").remote() for _ in specs]
@@ -342,6 +346,8 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
     finally:
         for actor in actors:
             ray.kill(actor)
+        # Leave the cluster: a driver still joined when the cluster stops is ended by Ray.
+        disconnect()
     for result, node, offset in zip(results, nodes, offsets, strict=True):
         if node != here:
             _shift(result, -offset)

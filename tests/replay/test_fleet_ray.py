@@ -48,7 +48,13 @@ def cluster() -> Iterator[str]:
         _ray("start", "--address", address, "--node-ip-address", "127.0.0.1", *small)
         yield address
     finally:
+        # This process must have left the cluster first: Ray ends a driver whose cluster
+        # goes away (exit status 1, in the middle of the suite).
+        joined = ray.is_initialized()
+        if joined:
+            ray.shutdown()
         subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+        assert not joined, "a test left this process joined to the Ray cluster"
 
 
 def test_ray_actors_on_two_nodes_send_the_requests_of_one_process(
