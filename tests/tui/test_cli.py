@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import pty
 import struct
@@ -114,6 +115,21 @@ def test_replay_on_a_terminal_opens_the_dashboard(server: str, tmp_path: Path) -
     tail = text[text.rindex("\x1b[?1049l"):]
     assert "run written to" in tail and "P90 interactivity" in tail
     assert (run / "summary.json").is_file()
+
+
+def test_a_replay_over_workers_draws_the_same_dashboard(server: str, tmp_path: Path) -> None:
+    """--workers 2: the driver's board, fed from the workers' journals, on the dashboard."""
+    run = tmp_path / "run"
+    rc, out = in_pty([sys.executable, "-m", "agentload", "replay", str(demo_trace_path()),
+                      "--target", server, "--users", "4", "--time-scale", "0.5",
+                      "--workers", "2", "--no-report", "-o", str(run)],
+                     until=run / "summary.json")
+    text = out.decode(errors="replace")
+    assert rc == 0, text[-2000:]
+    for part in ("LIVE", "FINISHED", "time series", "session lanes", "run written to"):
+        assert part in text, part
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["workers"]["count"] == 2 and summary["requests_completed"] > 20
 
 
 def test_replay_without_a_terminal_prints_progress_lines(server: str, tmp_path: Path
