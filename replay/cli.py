@@ -21,6 +21,7 @@ from agentload.replay.engine.fit import PAUSE_RULES, FitOptions
 from agentload.replay.engine.presets import headline_line, preset
 from agentload.replay.errors import ReplayError
 from agentload.replay.fleet.local import parse_cpus, parse_workers
+from agentload.replay.fleet.recount import merge_and_recount
 from agentload.replay.live import dashboard_factory
 from agentload.replay.results.compare import compare_arms, dry_run_lines, select_arms
 from agentload.replay.results.compare_report import write_comparison
@@ -454,6 +455,9 @@ def report(
         raise ReplayError(f"-o is where a comparison of several runs goes; one run is rebuilt "
                           f"in place, in {run_dirs[0]} (copy it first to keep the original)")
     if len(run_dirs) == 1:
+        # A --workers run whose driver was killed: its workers' journals are merged first.
+        if (merged := merge_and_recount(run_dirs[0])) is not None:
+            typer.echo(merged)
         result = write_results(run_dirs[0], slo=objectives)
         typer.echo(f"rebuilt {result.run_dir}")
         for line in summary_lines(result.summary):

@@ -80,3 +80,47 @@ def recount_theoretical(journal: Path, trace: Trace, options: ReplayOptions,
             os.fsync(out.fileno())
         os.replace(tmp, journal)
     return changed
+
+
+def merge_and_recount(run_dir: Path) -> str | None:
+    """For ``agentload report`` on a ``--workers`` run whose driver ended before merging:
+    merge the worker journals, then recount the theoretical hits as the driver would have
+    (the trace loaded and fitted again from ``run.json``); what was done, or None when
+    there was nothing to merge."""
+    import json
+
+    from agentload.replay.engine.fit import FitOptions, fit_trace
+    from agentload.replay.journal import JOURNAL_NAME, merge_shards, shard_journals
+    from agentload.traces.formats import load_any
+
+    run_dir = Path(run_dir)
+    if not shard_journals(run_dir):
+        return None
+    merge_shards(run_dir)
+    run_path = run_dir / "run.json"
+    try:
+        run = json.loads(run_path.read_text())
+        trace_info, fit, raw = run["trace"], run["fit"], dict(run["options"])
+    except (OSError, ValueError, KeyError):
+        return "merged the worker journals; no run.json to recount the prefix hits from"
+    if not Path(str(trace_info.get("path"))).exists():
+        return ("merged the worker journals; the theoretical prefix hits stay per worker "
+                f"(the trace {trace_info.get('path')!r} is not here)")
+    for key in ("start_range", "chat_word_tokens"):
+        if isinstance(raw.get(key), list):
+            raw[key] = tuple(raw[key])
+    options = ReplayOptions(**{k: v for k, v in raw.items()
+                               if k in ReplayOptions.__dataclass_fields__})
+    loaded = load_any(Path(trace_info["path"]), trace_info.get("format", "native")).trace
+    trace, _ = fit_trace(loaded, FitOptions(
+        scale_tokens=fit["scale_tokens"], max_context=fit["max_context"],
+        pause_cap_s=fit["pause_cap_s"], pause_rule=fit.get("pause_rule", "trace")))
+    block = (run.get("target") or {}).get("kv_block_size") or trace.block_size
+    changed = recount_theoretical(run_dir / JOURNAL_NAME, trace, options, int(block))
+    note = ("per worker: with --outputs actual the prompts hold tokens only each worker saw"
+            if changed is None else f"recounted over every worker's requests in time order "
+            f"({changed} requests changed; by agentload report)")
+    if isinstance(run.get("workers"), dict):
+        run["workers"]["theoretical_cache"] = note
+        run_path.write_text(json.dumps(run, indent=2, default=str) + "\n")
+    return f"merged the worker journals; theoretical prefix hits {note}"

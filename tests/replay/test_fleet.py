@@ -291,3 +291,32 @@ def test_theoretical_hits_are_counted_over_every_worker(server: str, tmp_path: P
     assert hits["s0-t0"] == 0 and hits["s1-t0"] == hits["s2-t0"] == hits["s3-t0"] == 256
     assert frames[1]["theoretical_cached_tokens"].equals(
         frames[2]["theoretical_cached_tokens"])
+
+
+def test_report_merges_and_recounts_a_run_whose_driver_was_killed(server: str,
+                                                                   tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_replay(server, run_dir, "--duration", "60")
+    pids = [worker_pid(shard_journal_path(run_dir, k)) for k in (0, 1)]
+    wait_requests(shard_journal_path(run_dir, 1), 3)
+    proc.kill()  # the driver only: its workers see the pipe close and wind down
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "workers outlived their driver"
+        time.sleep(0.2)
+    journaled = sum(len(read_journal(p)[1]) for p in shard_journals(run_dir))
+    result = run_cli("report", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    assert "merged the worker journals; theoretical prefix hits recounted" in result.stdout
+    assert not shard_journals(run_dir)
+    assert pl.read_parquet(run_dir / "requests.parquet").height == journaled
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and b"zombie" not in Path(
+        f"/proc/{pid}/status").read_bytes().lower()
