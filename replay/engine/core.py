@@ -347,7 +347,9 @@ class ReplayEngine:
         t_ns = self.now_ns()
         compact = client_figures(figures)
         self._client_reasons = tuple(figures.get("saturation_reasons") or ())
-        self.journal.write_event("client", t_ns, final=final, **compact)
+        # A worker of a --workers run names itself: the dashboard shows the worst worker.
+        worker = {"worker": self.shard[0]} if self.shard[1] > 1 else {}
+        self.journal.write_event("client", t_ns, final=final, **worker, **compact)
         self.live.client_sample(t_ns, compact, final)
 
     def _after_follow_ups(self, check: Callable[[], None]) -> None:

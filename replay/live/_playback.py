@@ -11,7 +11,7 @@ import orjson
 
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord, shard_journals
 from agentload.replay.live._board import LiveBoard
-from agentload.replay.live._snapshot import Header, LiveSnapshot
+from agentload.replay.live._snapshot import CLIENT_KEYS, Header, LiveSnapshot
 
 # --------------------------------------------------------------------------- playback
 
@@ -35,6 +35,22 @@ def header_from_run(meta: dict[str, Any], run_dir: Path | None = None,
                   run_dir=None if run_dir is None else str(run_dir),
                   recycle=bool(options.get("recycle")),
                   slo=tuple((str(k), float(v)) for k, v in (meta.get("slo_s") or {}).items()))
+
+
+def worst_client(by_worker: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The client figures of several workers as one: each figure the worst worker's, the
+    reasons of all (named by worker), final once every worker's is."""
+    out: dict[str, Any] = {"kernel_stamps": all(c.get("kernel_stamps")
+                                                for c in by_worker.values())}
+    for key in CLIENT_KEYS:
+        if key == "kernel_stamps":
+            continue
+        values = [c[key] for c in by_worker.values() if isinstance(c.get(key), int | float)]
+        out[key] = max(values) if values else None
+    out["saturation_reasons"] = [f"worker {w}: {r}" for w, c in sorted(by_worker.items())
+                                 for r in c.get("saturation_reasons") or ()]
+    out["final"] = all(c.get("final") for c in by_worker.values())
+    return out
 
 
 _Item = tuple[int, int, str, Any]  # (t_ns, order, kind, payload)
@@ -80,6 +96,7 @@ class JournalPlayback:
         self._clock = clock
         self._follow_ends = follow_ends
         self._reading_main = True
+        self._clients: dict[int, dict[str, Any]] = {}  # each worker's latest client figures
         if paths is None:
             paths = [self.path, *shard_journals(run_dir)]
         # Journals are read as they grow; a worker's may not exist yet when this starts.
@@ -207,6 +224,9 @@ class JournalPlayback:
             b.event(t, "backoff", f"lane {p.get('lane')} backs off {p.get('s')} s: "
                     f"{p.get('reason')}", "warn")
         elif kind == "client":
+            if p.get("worker") is not None:  # one of several workers: show the worst
+                self._clients[p["worker"]] = p
+                p = worst_client(self._clients)
             b.client_sample(t, p, bool(p.get("final")))
         elif kind == "end":
             b.finish(t, p.get("stop_reason"))

@@ -320,3 +320,27 @@ def _alive(pid: int) -> bool:
         return False
     return Path(f"/proc/{pid}").exists() and b"zombie" not in Path(
         f"/proc/{pid}/status").read_bytes().lower()
+
+
+def test_the_dashboard_shows_the_worst_workers_client_health(tmp_path: Path) -> None:
+    """Each worker journals its own client figures; played back (live or after the
+    merge) the board shows each figure's worst worker and every worker's reasons."""
+    from agentload.replay.live import JournalPlayback
+
+    def client(worker: int, p99: float, reasons: list[str]) -> dict[str, object]:
+        return {"type": "event", "kind": "client", "t_ns": 1_000_000_000 + worker,
+                "worker": worker, "final": False, "kernel_stamps": True,
+                "stamp_error_p99_s": p99, "events_per_read": 1.0,
+                "multi_event_read_share": 0.0, "loop_lag_p99_s": 0.001, "cpu_cores": 0.2,
+                "saturation_reasons": reasons}
+
+    _lines(tmp_path / JOURNAL_NAME, [
+        {"type": "run"}, client(0, 2e-5, []), client(1, 4e-3, ["client behind"]),
+        {"type": "event", "kind": "replay_end", "t_ns": 2_000_000_000}])
+    playback = JournalPlayback(tmp_path, speed=1000.0)
+    playback.advance(3e9)
+    health = playback.board.client
+    playback.close()
+    assert health is not None
+    assert health.stamp_error_p99_s == 4e-3 and health.kernel_stamps
+    assert health.reasons == ("worker 1: client behind",)
