@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -283,6 +283,21 @@ class ClientDiagnostics:
         out["starved_by_os"] = starved_by_os(out)
         out["saturation_reasons"] = saturation_reasons(out)
         return out
+
+
+def worst_of_workers(by_worker: Mapping[int, Mapping[str, Any]],
+                     keys: Iterable[str]) -> dict[str, Any]:
+    """Several worker processes' diagnostics as one (a verdict on the client must hold for
+    every process): each of ``keys`` the worst (largest) worker's value, kernel stamps only
+    if every worker had them, and every worker's saturation reasons, named by worker."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [d[key] for d in by_worker.values() if d.get(key) is not None]
+        out[key] = max(values) if values else None
+    out["kernel_stamps"] = all(d.get("kernel_stamps") for d in by_worker.values())
+    out["saturation_reasons"] = [f"worker {w}: {r}" for w, d in sorted(by_worker.items())
+                                 for r in d.get("saturation_reasons") or ()]
+    return out
 
 
 def saturation_reasons(d: dict[str, Any]) -> list[str]:

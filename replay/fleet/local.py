@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
+from agentload.replay.client.diagnostics import worst_of_workers
 from agentload.replay.engine.core import (
     EngineOutcome,
     ProgressSnapshot,
@@ -371,13 +372,8 @@ def merge_diagnostics(shards: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
         return {"available": False, "reason": "no worker reported its diagnostics"}
     first = next(iter(shards.values()))
     out: dict[str, Any] = {k: v for k, v in first.items() if k not in _WORST}
-    for key in _WORST:
-        values = [d[key] for d in shards.values() if d.get(key) is not None]
-        out[key] = max(values) if values else None
-    out["kernel_stamps"] = all(d.get("kernel_stamps") for d in shards.values())
+    out |= worst_of_workers(shards, _WORST)
     out["starved_by_os"] = any(d.get("starved_by_os") for d in shards.values())
-    out["saturation_reasons"] = [f"worker {k}: {r}" for k, d in sorted(shards.items())
-                                 for r in d.get("saturation_reasons") or ()]
     out["workers"] = {str(k): d for k, d in sorted(shards.items())}
     out["merged"] = "each figure is the worst worker's; per worker under 'workers'"
     return out

@@ -9,6 +9,7 @@ from typing import IO, Any, Literal
 
 import orjson
 
+from agentload.replay.client.diagnostics import worst_of_workers
 from agentload.replay.journal import JOURNAL_NAME, RequestRecord, shard_journals
 from agentload.replay.live._board import LiveBoard
 from agentload.replay.live._snapshot import CLIENT_KEYS, Header, LiveSnapshot
@@ -40,15 +41,7 @@ def header_from_run(meta: dict[str, Any], run_dir: Path | None = None,
 def worst_client(by_worker: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The client figures of several workers as one: each figure the worst worker's, the
     reasons of all (named by worker), final once every worker's is."""
-    out: dict[str, Any] = {"kernel_stamps": all(c.get("kernel_stamps")
-                                                for c in by_worker.values())}
-    for key in CLIENT_KEYS:
-        if key == "kernel_stamps":
-            continue
-        values = [c[key] for c in by_worker.values() if isinstance(c.get(key), int | float)]
-        out[key] = max(values) if values else None
-    out["saturation_reasons"] = [f"worker {w}: {r}" for w, c in sorted(by_worker.items())
-                                 for r in c.get("saturation_reasons") or ()]
+    out = worst_of_workers(by_worker, (k for k in CLIENT_KEYS if k != "kernel_stamps"))
     out["final"] = all(c.get("final") for c in by_worker.values())
     return out
 
