@@ -11,8 +11,8 @@ host); afterwards the parent concatenates their raw samples, so merged percentil
 exact, not sketched.
 
 ``run_shards`` drives the closed-loop client benchmark (``agentload bench client``);
-the shard record (``ShardSpec``/``ShardResult``) is plain data so the replay engine can
-use the same split for ``replay --workers N`` (lane partitioning by ``lane % W``).
+``replay --workers N`` splits its lanes the same way (lane ``i`` to worker ``i % W``) in
+``fleet/local.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import Any, Literal
 
 import orjson
 
+from agentload.replay.fleet.local import quiet_blas_threads
+
 GcMode = Literal["off", "on"]
-_QUIET_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +230,7 @@ def run_shards(specs: list[ShardSpec], model: str, lead_s: float = 0.5,
     """Run every shard in its own process, all starting together; their results."""
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
-    # The workers import numpy (through the package) but never compute with it: one
-    # BLAS thread, or OpenBLAS's idle threads spin and took 2 % of a worker's samples.
-    saved = {k: os.environ.get(k) for k in _QUIET_THREADS}
-    os.environ.update(dict.fromkeys(_QUIET_THREADS, "1"))
-    try:
+    with quiet_blas_threads():
         for spec in specs:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(spec, model, child), daemon=True)
@@ -241,12 +238,6 @@ def run_shards(specs: list[ShardSpec], model: str, lead_s: float = 0.5,
             child.close()
             procs.append(p)
             pipes.append(parent)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         for pipe in pipes:
             if not pipe.poll(120) or pipe.recv() != "ready":
@@ -309,7 +300,13 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
     import ray
 
     from agentload.replay.errors import ReplayError
-    from agentload.replay.fleet.ray import check_reachable, connect, disconnect
+    from agentload.replay.fleet.ray import (
+        CLOCK_PROBES,
+        check_reachable,
+        connect,
+        disconnect,
+        tightest_offset,
+    )
 
     connect(address)
     try:
@@ -324,15 +321,12 @@ def run_shards_ray(specs: list[ShardSpec], model: str, address: str, lead_s: flo
         offsets, nodes = [], []
         for actor in actors:
             nodes.append(ray.get(actor.node.remote(), timeout=120))
-            best: tuple[int, int] | None = None
-            for _ in range(8):
+            trips = []
+            for _ in range(CLOCK_PROBES):
                 t1 = time.perf_counter_ns()
                 theirs: int = ray.get(actor.clock.remote(), timeout=120)
-                t2 = time.perf_counter_ns()
-                if best is None or t2 - t1 < best[1]:
-                    best = (theirs - (t1 + t2) // 2, t2 - t1)
-            assert best is not None
-            offsets.append(best[0])
+                trips.append((t1, theirs, time.perf_counter_ns()))
+            offsets.append(tightest_offset(trips)[0])
         start_at = time.perf_counter_ns() + int(lead_s * 1e9)
         # CPU numbers are this host's: a Ray node places its actor itself.
         refs = [actor.play.remote(dataclasses.replace(spec, cpu=None), start_at + offset,

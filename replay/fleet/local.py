@@ -28,7 +28,7 @@ import signal
 import time
 import traceback
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -52,6 +52,23 @@ OnLoss = Literal["continue", "stop"]
 STATUS_EVERY_S = 0.25  # a worker's counters reach the driver this often
 USERS_PER_WORKER = 250  # one event loop keeps up with about this many agent users
 _QUIET_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def quiet_blas_threads() -> Iterator[None]:
+    """One BLAS thread for the processes started inside (restored after): workers import
+    numpy but never compute with it, and OpenBLAS's idle threads spin (2 % of a worker's
+    samples)."""
+    saved = {k: os.environ.get(k) for k in _QUIET_THREADS}
+    os.environ.update(dict.fromkeys(_QUIET_THREADS, "1"))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def auto_workers(users: int, cpus: int | None = None) -> int:
@@ -166,7 +183,6 @@ class ProcessLink(WorkerLink):
         self.index, self.lanes, self.job = job.index, lanes, job
         self.pipe: Connection | None = None
         self.process: Any = None
-        self._inbox: list[tuple[Any, ...]] = []
 
     def launch(self) -> None:
         ctx = mp.get_context("spawn")
@@ -409,7 +425,6 @@ class FleetEngine:
         self._started_event = asyncio.Event()
         self._shards: list[_Shard] = []
         self._t0_ns = time.perf_counter_ns()
-        self._started = False
         self._stop_reason: str | None = None
         self._finished = False
         self._tail: JournalPlayback | None = None
@@ -447,7 +462,7 @@ class FleetEngine:
                     if s.lost is not None]
         latest = self.live.latest
         head = latest.headlines[0] if latest is not None and latest.headlines else None
-        elapsed = self.now_ns() / 1e9 if self._started else 0.0
+        elapsed = self.now_ns() / 1e9 if self._started_event.is_set() else 0.0
         eta = None
         if self.options.duration_s is not None:
             eta = max(0.0, self.options.duration_s - elapsed)
@@ -468,7 +483,7 @@ class FleetEngine:
                     shard.result = {"outcome": {"stop_reason": self._stop_reason}}
                 return self._outcome()
             start_at = time.perf_counter_ns() + int(0.2e9)
-            self._t0_ns, self._started = start_at, True
+            self._t0_ns = start_at
             self._started_event.set()
             for shard in self._shards:
                 shard.link.go(start_at)
@@ -507,18 +522,10 @@ class FleetEngine:
                             self.lanes[k]) for k in range(self.workers)]
 
     async def _spawn(self) -> None:
-        saved = {k: os.environ.get(k) for k in _QUIET_THREADS}
-        os.environ.update(dict.fromkeys(_QUIET_THREADS, "1"))  # no idle BLAS threads
-        try:
+        with quiet_blas_threads():
             for link in self.links():
                 self._shards.append(_Shard(link))
                 link.launch()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         deadline = time.monotonic() + self.start_timeout_s
         waiting = {s.index: s for s in self._shards}
         while waiting:

@@ -101,6 +101,13 @@ def _own_address() -> str:
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
+def tightest_offset(trips: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """(offset, round trip) in ns from (sent, their clock, received) round trips: the
+    other clock minus the midpoint of the tightest trip (its error is within half of it)."""
+    sent, theirs, received = min(trips, key=lambda t: t[2] - t[0])
+    return theirs - (sent + received) // 2, received - sent
+
+
 def disconnect() -> None:
     with contextlib.suppress(ImportError):
         import ray
@@ -227,15 +234,13 @@ class RayLink(WorkerLink):
 
     async def _offset_probe(self) -> dict[str, int]:
         """The actor's clock minus the driver's, from the tightest of a few round trips."""
-        best: tuple[int, int] | None = None
+        trips = []
         for _ in range(CLOCK_PROBES):
             t1 = time.perf_counter_ns()
             theirs = await self.actor.clock.remote()
-            t2 = time.perf_counter_ns()
-            if best is None or t2 - t1 < best[1]:
-                best = (theirs - (t1 + t2) // 2, t2 - t1)
-        assert best is not None
-        return {"offset_ns": best[0], "round_trip_ns": best[1]}
+            trips.append((t1, theirs, time.perf_counter_ns()))
+        offset, round_trip = tightest_offset(trips)
+        return {"offset_ns": offset, "round_trip_ns": round_trip}
 
     def go(self, start_at_ns: int) -> None:
         self.actor.go.remote(start_at_ns + self._clock["start"]["offset_ns"])
