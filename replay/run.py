@@ -43,7 +43,7 @@ from agentload.replay.engine.fit import FitOptions, check_fits, fit_trace
 from agentload.replay.errors import ReplayError
 from agentload.replay.fleet.local import FleetEngine, OnLoss, auto_workers
 from agentload.replay.fleet.ray import RayFleetEngine, check_reachable, connect, disconnect
-from agentload.replay.fleet.recount import recount_theoretical
+from agentload.replay.fleet.recount import recount_note, recount_theoretical
 from agentload.replay.journal import (
     JOURNAL_NAME,
     SERVER_METRICS_TEXT,
@@ -428,10 +428,7 @@ def run_replay(
         merge_shards(run_dir)
         changed = recount_theoretical(run_dir / JOURNAL_NAME, trace_obj, options,
                                       target.kv_block_size or trace_obj.block_size)
-        run["workers"]["theoretical_cache"] = (
-            "per worker: with --outputs actual the prompts hold tokens only each worker saw"
-            if changed is None else f"recounted over every worker's requests in time order "
-            f"({changed} requests changed)")
+        run["workers"]["theoretical_cache"] = recount_note(changed)
     if outcome is not None:
         run["outcome"] = asdict(outcome)
         run["client_diagnostics"] = engine.diagnostics.summary()

@@ -445,6 +445,19 @@ def aiperf_status() -> str | None:
             "--peer aiperf --trace DIR` runs it side by side with agentload")
 
 
+def _emulator_up(stack: contextlib.ExitStack, cfg: ClientBenchConfig, workdir: Path | None,
+                 prefix: str, note: Any) -> tuple[str, Path]:
+    """The emulator started for a benchmark (in ``workdir``, else a temporary folder that
+    ``stack`` removes), its books reset; its URL and the folder."""
+    if workdir is None:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    url = stack.enter_context(emulator(cfg, workdir / "emulator.log"))
+    note(f"emulator (test equipment, {cfg.emulator_procs} process(es)) at {url}; offered "
+         f"{cfg.offered_events_per_s():,.0f} token events/s at {cfg.streams} streams")
+    emulator_stats(url, reset=True)
+    return url, workdir
+
+
 def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
                      say: Any = None) -> dict[str, Any]:
     """The whole benchmark: emulator up, every client in turn against it, figures."""
@@ -455,13 +468,7 @@ def client_benchmark(cfg: ClientBenchConfig, workdir: Path | None = None,
     if cfg.workers < 1 or cfg.streams < 1:
         raise ReplayError("--workers and --streams must be at least 1")
     with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="agentload-client-bench-")))
-        url = stack.enter_context(emulator(cfg, workdir / "emulator.log"))
-        note(f"emulator (test equipment) at {url}; offered "
-             f"{cfg.offered_events_per_s():,.0f} token events/s at {cfg.streams} streams")
-        emulator_stats(url, reset=True)
+        url, workdir = _emulator_up(stack, cfg, workdir, "agentload-client-bench-", note)
         note(f"agentload: {cfg.workers} worker process(es), {cfg.total_requests} requests ...")
         agent = run_agentload(url, cfg)
         agent["emulator"] = emulator_stats(url, reset=True)
@@ -544,13 +551,7 @@ def scaling_benchmark(cfg: ClientBenchConfig, worker_counts: list[int],
         raise ReplayError("--workers must list counts of at least 1, e.g. 1,2,4,8")
     rows = []
     with contextlib.ExitStack() as stack:
-        if workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="agentload-client-scaling-")))
-        url = stack.enter_context(emulator(cfg, workdir / "emulator.log"))
-        note(f"emulator: {cfg.emulator_procs} process(es) at {url}; offered "
-             f"{cfg.offered_events_per_s():,.0f} token events/s at {cfg.streams} streams")
-        emulator_stats(url, reset=True)
+        url, _ = _emulator_up(stack, cfg, workdir, "agentload-client-scaling-", note)
         for workers in worker_counts:
             note(f"agentload: {workers} worker process(es) ...")
             agent = run_agentload(url, replace(cfg, workers=workers, ray_address=None))

@@ -82,6 +82,13 @@ def recount_theoretical(journal: Path, trace: Trace, options: ReplayOptions,
     return changed
 
 
+def recount_note(changed: int | None, by: str = "") -> str:
+    """What ``run.json`` says of the theoretical hits of a ``--workers`` run."""
+    if changed is None:
+        return "per worker: with --outputs actual the prompts hold tokens only each worker saw"
+    return f"recounted over every worker's requests in time order ({changed} requests changed{by})"
+
+
 def merge_and_recount(run_dir: Path) -> str | None:
     """For ``agentload report`` on a ``--workers`` run whose driver ended before merging:
     merge the worker journals, then recount the theoretical hits as the driver would have
@@ -117,9 +124,7 @@ def merge_and_recount(run_dir: Path) -> str | None:
         pause_cap_s=fit["pause_cap_s"], pause_rule=fit.get("pause_rule", "trace")))
     block = (run.get("target") or {}).get("kv_block_size") or trace.block_size
     changed = recount_theoretical(run_dir / JOURNAL_NAME, trace, options, int(block))
-    note = ("per worker: with --outputs actual the prompts hold tokens only each worker saw"
-            if changed is None else f"recounted over every worker's requests in time order "
-            f"({changed} requests changed; by agentload report)")
+    note = recount_note(changed, "; by agentload report")
     if isinstance(run.get("workers"), dict):
         run["workers"]["theoretical_cache"] = note
         run_path.write_text(json.dumps(run, indent=2, default=str) + "\n")

@@ -5,7 +5,6 @@ run directory back. The server is the small local SSE server of test_tui_live.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
@@ -20,39 +19,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from agentload.replay import cli as replay_cli
 from agentload.replay import live
-from agentload.replay.serve.server import free_port
 from agentload.traces import demo_trace_path
 from agentload.tui.remote import DashboardProcess
 from agentload.tui.synthetic import write_synthetic_run
-from tests.support import ROOT, run_cli
+from tests.support import ROOT, app_on_thread, run_cli
 from tests.tui.test_live import sse_app
 
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[str]:
     """The fake SSE server on its own thread and loop, for subprocess clients."""
-    port = free_port()
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(sse_app(ttft_s=0.01, itl_s=0.002))
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{port}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
+    with app_on_thread(sse_app(ttft_s=0.01, itl_s=0.002)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
