@@ -171,12 +171,12 @@ def merge_shards(run_dir: Path) -> int:
             raise ReplayError(f"worker process {pid} still writes {path.name}; let it end "
                               "(or kill it) before building the reports")
     main = run_dir / JOURNAL_NAME
+    data = main.read_bytes()  # read once: for what was merged before, then copied
     merged: set[str] = set()
-    with open(main, "rb") as fh:
-        for line in fh:
-            if MERGED_EVENT.encode() in line and line.startswith(b'{"type":"event"'):
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    merged.update(orjson.loads(line).get("files") or ())
+    for line in data.splitlines():
+        if MERGED_EVENT.encode() in line and line.startswith(b'{"type":"event"'):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                merged.update(orjson.loads(line).get("files") or ())
     done = [p for p in shards if p.name in merged]
     for path in done:
         path.unlink(missing_ok=True)
@@ -186,8 +186,6 @@ def merge_shards(run_dir: Path) -> int:
     moved = 0
     tmp = main.with_name(main.name + ".merging")
     with open(tmp, "wb") as out:
-        with open(main, "rb") as fh:
-            data = fh.read()
         out.write(data if not data or data.endswith(b"\n") else data.rsplit(b"\n", 1)[0] + b"\n")
         for path in shards:
             with open(path, "rb") as fh:
