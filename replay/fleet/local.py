@@ -28,7 +28,7 @@ import signal
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -292,14 +292,12 @@ def _worker(job: ShardJob, conn: Connection) -> None:
             os.sched_setaffinity(0, {job.cpu})
         with Journal(shard_journal_path(job.run_dir, job.index)) as journal:
             journal.write_event("worker", 0, worker=job.index, pid=os.getpid(), cpu=job.cpu)
-            client = build_http_client(job.options, job.target.base_url)
-            engine = ReplayEngine(job.trace, job.target, job.options, journal, client,
-                                  slo=job.slo, shard=(job.index, job.count))
+            engine = shard_engine(job, journal)
             conn.send(("ready", engine.total_requests))
             message = conn.recv()
             if message[0] != "go":
                 return
-            outcome, diagnostics = asyncio.run(_play(engine, client, conn, message[1]))
+            outcome, diagnostics = asyncio.run(_play(engine, conn, message[1]))
         conn.send(("done", asdict(outcome), diagnostics))
     except BaseException as exc:  # the driver records it; a worker never hangs the run
         with contextlib.suppress(OSError):
@@ -309,7 +307,32 @@ def _worker(job: ShardJob, conn: Connection) -> None:
         conn.close()
 
 
-async def _play(engine: ReplayEngine, client: Any, conn: Connection,
+def shard_engine(job: ShardJob, journal: Journal) -> ReplayEngine:
+    """The engine of one shard, with its own HTTP client (``engine.client``)."""
+    client = build_http_client(job.options, job.target.base_url)
+    return ReplayEngine(job.trace, job.target, job.options, journal, client, slo=job.slo,
+                        shard=(job.index, job.count))
+
+
+async def run_shard_engine(engine: ReplayEngine, start_at_ns: int,
+                     *helpers: Coroutine[Any, Any, None]) -> tuple[EngineOutcome, dict[str, Any]]:
+    """Play a shard's engine from ``start_at_ns`` with its loop-lag probe (and ``helpers``
+    beside it); its outcome and its client diagnostics."""
+    async with engine.client:
+        engine.diagnostics.start()
+        tasks = [asyncio.create_task(engine.diagnostics.probe()),
+                 *(asyncio.create_task(h) for h in helpers)]
+        try:
+            outcome = await engine.run(start_at_ns=start_at_ns)
+            engine.diagnostics.stop()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return outcome, engine.diagnostics.summary()
+
+
+async def _play(engine: ReplayEngine, conn: Connection,
                 start_at_ns: int) -> tuple[EngineOutcome, dict[str, Any]]:
     loop = asyncio.get_running_loop()
 
@@ -329,20 +352,12 @@ async def _play(engine: ReplayEngine, client: Any, conn: Connection,
             conn.send(("status", shard_counters(engine)))
 
     loop.add_reader(conn.fileno(), on_message)
-    async with client:
-        engine.diagnostics.start()
-        helpers = [asyncio.create_task(engine.diagnostics.probe()),
-                   asyncio.create_task(report())]
-        try:
-            outcome = await engine.run(start_at_ns=start_at_ns)
-            engine.diagnostics.stop()
-        finally:
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            loop.remove_reader(conn.fileno())
+    try:
+        outcome, diagnostics = await run_shard_engine(engine, start_at_ns, report())
+    finally:
+        loop.remove_reader(conn.fileno())
     conn.send(("status", shard_counters(engine)))
-    return outcome, engine.diagnostics.summary()
+    return outcome, diagnostics
 
 
 def shard_counters(engine: ReplayEngine) -> dict[str, Any]:

@@ -31,9 +31,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentload.replay.engine.core import ReplayEngine, build_http_client
+from agentload.replay.engine.core import ReplayEngine
 from agentload.replay.errors import ReplayError
-from agentload.replay.fleet.local import FleetEngine, ShardJob, WorkerLink, shard_counters
+from agentload.replay.fleet.local import (
+    FleetEngine,
+    ShardJob,
+    WorkerLink,
+    run_shard_engine,
+    shard_counters,
+    shard_engine,
+)
 from agentload.replay.journal import Journal, shard_journal_path
 
 RAY_MISSING = ("--ray needs Ray, an optional extra: pip install 'agentload[ray]' "
@@ -133,9 +140,7 @@ class ShardActor:
         self.journal = Journal(self.path)
         self.journal.write_event("worker", 0, worker=job.index, pid=os.getpid(),
                                  host=socket.gethostname())
-        self.client = build_http_client(job.options, job.target.base_url)
-        self.engine = ReplayEngine(job.trace, job.target, job.options, self.journal,
-                                   self.client, slo=job.slo, shard=(job.index, job.count))
+        self.engine = shard_engine(job, self.journal)
         import ray
 
         return {"total": self.engine.total_requests, "host": socket.gethostname(),
@@ -149,17 +154,9 @@ class ShardActor:
         engine = self.engine
         assert engine is not None
         try:
-            async with self.client:
-                engine.diagnostics.start()
-                probe = asyncio.create_task(engine.diagnostics.probe())
-                try:
-                    outcome = await engine.run(start_at_ns=start_at_ns)
-                    engine.diagnostics.stop()
-                finally:
-                    probe.cancel()
-                    await asyncio.gather(probe, return_exceptions=True)
+            outcome, diagnostics = await run_shard_engine(engine, start_at_ns)
             self.journal.close()
-            self.result = ("done", asdict(outcome), engine.diagnostics.summary())
+            self.result = ("done", asdict(outcome), diagnostics)
         except BaseException as exc:
             self.journal.close()
             self.result = ("error", f"{type(exc).__name__}: {exc}", None)
