@@ -191,11 +191,6 @@ def merge_shards(run_dir: Path) -> int:
             with open(path, "rb") as fh:
                 for line in fh:
                     if line.endswith(b"\n"):  # a line without its newline was torn
-                        # A worker's start and end are not the run's (one of each).
-                        for kind in (b"replay_start", b"replay_end"):
-                            head = b'{"type":"event","kind":"' + kind + b'"'
-                            if line.startswith(head):
-                                line = line.replace(kind, kind.replace(b"replay", b"worker"), 1)
                         out.write(line)
                         moved += 1
         out.write(orjson.dumps({"type": "event", "kind": MERGED_EVENT, "t_ns": 0,

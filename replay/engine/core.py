@@ -388,7 +388,10 @@ class ReplayEngine:
             self._warm_done = asyncio.get_running_loop().create_future()
         if self.options.duration_s is not None and self._warm_done is None:
             self._start_clock()
-        self.journal.write_event("replay_start", 0, users=self.options.users,
+        # A worker's journal starts and ends a shard, never the run (the driver's does).
+        worker = self.shard[1] > 1
+        self.journal.write_event("worker_start" if worker else "replay_start", 0,
+                                 users=self.options.users,
                                  recycle=self.options.recycle, shard=list(self.shard))
         sessions = list(self.trace.sessions)
         if self.options.open_loop:
@@ -432,7 +435,8 @@ class ReplayEngine:
         outcome = EngineOutcome(self._sent, self._completed, self._failed, self._skipped,
                                 stop_reason, self.now_ns() / 1e9, self._cut, cut_reason,
                                 self.pacer.shifts, self.pacer.shifted_ns / 1e9)
-        self.journal.write_event("replay_end", self.now_ns(), stop_reason=stop_reason)
+        self.journal.write_event("worker_end" if self.shard[1] > 1 else "replay_end",
+                                 self.now_ns(), stop_reason=stop_reason)
         return outcome
 
     def _start_clock(self) -> None:

@@ -504,7 +504,7 @@ class FleetEngine:
                 shard.link.go(start_at)
             self.journal.write_event("replay_start", 0, users=self.options.users,
                                      recycle=self.options.recycle, workers=self.workers)
-            self._tail = JournalPlayback(self.run_dir, board=self.live, follow_ends=False,
+            self._tail = JournalPlayback(self.run_dir, board=self.live,
                                          paths=[shard_journal_path(self.run_dir, k)
                                                 for k in range(self.workers)])
             published = 0

@@ -69,11 +69,11 @@ class JournalPlayback:
     def __init__(self, run_dir: Path, speed: float = 1.0, clock: Callable[[], float]
                  = time.monotonic, start_s: float = 0.0, *,
                  paths: Sequence[Path] | None = None, board: LiveBoard | None = None,
-                 follow_ends: bool = True) -> None:
+                 ) -> None:
         """``paths``: the journals to read (default: the run's, and any worker journals
         of a ``--workers`` run still in progress); ``board``: feed this board instead of
-        a new one; ``follow_ends=False``: a worker's end is not the run's (the driver of
-        a ``--workers`` run tails its workers' journals into its own board)."""
+        a new one (the driver of a ``--workers`` run tails its workers' journals into its
+        own board; a worker's journal ends with ``worker_end``, never the run's end)."""
         run_dir = Path(run_dir)
         self.path = run_dir / JOURNAL_NAME
         if not self.path.is_file():
@@ -87,8 +87,6 @@ class JournalPlayback:
         self.run_dir = run_dir
         self.speed = speed
         self._clock = clock
-        self._follow_ends = follow_ends
-        self._reading_main = True
         self._clients: dict[int, dict[str, Any]] = {}  # each worker's latest client figures
         if paths is None:
             paths = [self.path, *shard_journals(run_dir)]
@@ -145,8 +143,6 @@ class JournalPlayback:
             self._items, self._pos, self._new = items, 0, []
 
     def _read_lines(self, path: Path, fh: IO[bytes]) -> None:
-        # Only the run's own journal ends the run, never one of its workers'.
-        self._reading_main = path == self.path
         data = self._partial.get(path, b"") + fh.read()
         lines = data.split(b"\n")
         self._partial[path] = lines.pop()
@@ -191,7 +187,7 @@ class JournalPlayback:
                 self._push(t, "play", obj)
             elif ev in ("stop", "backoff"):
                 self._push(t, ev, obj)
-            elif ev == "replay_end" and self._follow_ends and self._reading_main:
+            elif ev == "replay_end":
                 self._ended = True
                 self._push(t, "end", obj)
             elif ev == "client":

@@ -79,7 +79,8 @@ def test_two_workers_send_exactly_the_requests_of_one(server: str, tmp_path: Pat
     run = json.loads((tmp_path / "two" / "run.json").read_text())
     assert run["workers"]["lanes"] == {"0": [0, 2], "1": [1, 3]}
     assert not shard_journals(tmp_path / "two")
-    # One start and one end of the run in the merged journal (the workers' are renamed).
+    # One start and one end of the run in the merged journal (each worker journals its own
+    # worker_start and worker_end).
     kinds = [m.get("kind") for m in read_journal(tmp_path / "two" / JOURNAL_NAME)[0]]
     assert kinds.count("replay_start") == kinds.count("replay_end") == 1
     assert kinds.count("worker_end") == 2
