@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from agentload.kernels import _cute
+from agentload.kernels import _cute, _cute_attention
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import KernelSpec
 
@@ -79,6 +79,23 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
                           bool(g("shared")), bool(g("pdl", False)))
         return fn, (_t(BFloat16, (m, h)), _t(BFloat16, (e, h)), _t(Float32, (e,)),
                     _t(Float32, (m, e)), _t(Int32, (m, slots)), _t(Float32, (m, slots)), stream)
+    if spec.kind == "decode_attn":
+        d = int(g("d"))
+        b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
+        fn = _cute_attention.DecodeAttention(d, int(g("g")), int(g("p")), int(g("c")),
+                                             int(g("t")), int(g("u")), bool(g("direct")),
+                                             bool(g("pdl", False)))
+        cache = _t(BFloat16, (pages, int(g("p")), hkv, d))
+        return fn, (_t(BFloat16, (b, hq, d)), cache, _t(BFloat16, (pages, int(g("p")), hkv, d)),
+                    _t(Int32, (b, maxp)), _t(Int32, (b,)), _t(Float32, (b, hq, splits, d)),
+                    _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, d)), Float32(1.0),
+                    stream)
+    if spec.kind == "attn_combine":
+        d = int(g("d"))
+        b, hq, splits = (cute.sym_int() for _ in range(3))
+        fn = _cute_attention.AttentionCombine(d, int(g("c")), int(g("t")), bool(g("pdl", False)))
+        return fn, (_t(Float32, (b, hq, splits, d)), _t(Float32, (b, hq, splits)),
+                    _t(Int32, (b,)), _t(BFloat16, (b, hq, d)), stream)
     raise KernelsError(f"unknown kernel kind {spec.kind!r}")
 
 

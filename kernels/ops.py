@@ -19,7 +19,10 @@ from agentload.kernels._cache import loaded_count as loaded_count  # re-exported
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import (
     add_rmsnorm_spec,
+    attention_chunk,
+    attention_combine_spec,
     check_dims,
+    decode_attention_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
@@ -194,3 +197,48 @@ def moe_router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, *, topk: i
     ww = _out(weights, "weights", torch.float32, (m, s), x)
     _cache.get(spec)(x, wr, bias, lg, ii, ww)
     return lg, ii, ww
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_len: int,
+                     scale: float | None = None, chunk: int | None = None,
+                     out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """One decode step of attention over a paged KV cache (GQA), split over the context.
+
+    ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
+    ``block_table [B, max_pages]`` int32; ``seq_lens [B]`` int32 (each >= 1, <= ``max_len``,
+    which the caller knows on the host, as vLLM's metadata does: reading it from the GPU
+    would sync). Returns ``[B, Hq, D]`` bf16. One kernel when every context fits one
+    chunk, else two (the chunks, then their combine).
+    """
+    _check(q, "q", _BF16, (None, None, None))
+    b, hq, d = q.shape
+    _check(k_cache, "k_cache", _BF16, (None, None, None, d))
+    pages, page, hkv, _ = k_cache.shape
+    _check(v_cache, "v_cache", _BF16, (pages, page, hkv, d))
+    _check(block_table, "block_table", torch.int32, (b, None))
+    _check(seq_lens, "seq_lens", torch.int32, (b,))
+    if hkv < 1 or hq % hkv:
+        raise KernelsError(f"{hq} query heads do not split over {hkv} KV heads")
+    if not 1 <= max_len <= block_table.shape[1] * page:
+        raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
+                           f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
+    c = chunk or attention_chunk(b, hkv, max_len)
+    splits = -(-max_len // c)
+    direct = splits == 1
+    spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl)
+    o = _out(out, "out", _BF16, (b, hq, d), q)
+    qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
+    if direct:
+        # one split: the grid's split count is part's third dim
+        part = _scratch("attn-part-dummy", q.device, torch.float32, d).view(1, 1, 1, d)
+        lse = _scratch("attn-lse-dummy", q.device, torch.float32, 1).view(1, 1, 1)
+    else:
+        part = _scratch(f"attn-part-{d}", q.device, torch.float32, b * hq * splits * d
+                        ).view(b, hq, splits, d)
+        lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits
+                       ).view(b, hq, splits)
+    _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, qscale)
+    if not direct:
+        _cache.get(attention_combine_spec(d, c, pdl=pdl))(part, lse, seq_lens, o)
+    return o

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentload.kernels.specs import (
+    ATTN_CHUNKS,
     GEMV_MAX_ROWS,
     MMA_ROWS,
     KernelSpec,
     add_rmsnorm_spec,
+    attention_combine_spec,
+    decode_attention_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
@@ -109,6 +112,21 @@ def norm_variants(hidden: int) -> list[KernelSpec]:
             if (hidden // 8) % (32 * c) == 0]
 
 
+#: Decode attention variants compiled ahead of time: (head dim, query heads per KV head, page).
+ATTN_SHAPES = ((128, 4, 16), (128, 1, 16), (128, 8, 16))
+
+
+def attention_variants() -> list[KernelSpec]:
+    """Every chunk length of each attention shape, direct and split, and their combines."""
+    out: list[KernelSpec] = []
+    for d, g, p in ATTN_SHAPES:
+        for c in ATTN_CHUNKS:
+            for direct in (False, True):
+                out.append(decode_attention_spec(d, g, p, c, direct=direct))
+            out.append(attention_combine_spec(d, c))
+    return out
+
+
 def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
     """Every variant ``agentload bench kernels`` may load (deduplicated, stable order)."""
     layer = layer or LayerConfig()
@@ -124,6 +142,7 @@ def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
         specs += norm_variants(h)
     for i in SILU_INTER:
         specs.append(silu_mul_spec(i))
+    specs += attention_variants()
     for s in specs:
         seen.setdefault(s.key(), s)
     return list(seen.values())

@@ -76,3 +76,25 @@ def router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, topk: int, gro
     logits = x.double() @ wr.double().T
     ids, w = router_select(logits, bias, topk, groups, topk_group, scale)
     return logits, ids, w
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float | None = None,
+                           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Decode attention by gathering each sequence's pages and calling SDPA (GQA by
+    repeating KV heads). ``q [B, Hq, D]``; caches ``[pages, P, Hkv, D]``; returns ``[B, Hq, D]``."""
+    b, hq, d = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    outs = []
+    for i in range(b):
+        n = int(seq_lens[i])
+        ids = block_table[i, :-(-n // page)].long()
+        k = k_cache[ids].reshape(-1, hkv, d)[:n].to(dtype)  # [n, Hkv, D]
+        v = v_cache[ids].reshape(-1, hkv, d)[:n].to(dtype)
+        k = k.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)  # [Hq, n, D]
+        v = v.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
+        qi = q[i].to(dtype).unsqueeze(1)  # [Hq, 1, D]
+        o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, scale=scale)
+        outs.append(o.squeeze(1))
+    return torch.stack(outs)

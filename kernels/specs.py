@@ -15,11 +15,15 @@ from typing import Literal
 
 from agentload.kernels.errors import KernelsError
 
-Kind = Literal["add_rmsnorm", "silu_mul", "gemv", "grouped_gemv", "router"]
+Kind = Literal["add_rmsnorm", "silu_mul", "gemv", "grouped_gemv", "router", "decode_attn",
+               "attn_combine"]
 VEC = 8  #: bf16 values per 16-byte access
 GEMV_MAX_ROWS = 16  #: above this batch the FP32-FMA GEMV loses to tensor cores
 MMA_ROWS = 8  #: the tensor-core GEMV's batch: the n = 8 of mma.sync m16n8k16
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
+ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
+ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
+ATTN_CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096)  #: split-KV chunk lengths compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,3 +180,48 @@ def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: i
         raise KernelsError(f"router hidden {hidden} must be a multiple of {32 * VEC}")
     return _spec("router", pdl, h=hidden, e=experts, k=topk, g=groups, tg=topk_group,
                  scale=float(scale), shared=shared)
+
+
+def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
+                          direct: bool, threads: int = 128, unroll: int = 4,
+                          pdl: bool = False) -> KernelSpec:
+    """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
+    ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
+    output itself (every context fits one chunk, no combine)."""
+    if head_dim not in ATTN_HEAD_DIMS:
+        raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
+    if not 1 <= group <= ATTN_MAX_GROUP:
+        raise KernelsError(f"query heads per KV head must be 1..{ATTN_MAX_GROUP}, got {group}")
+    if page < 1:
+        raise KernelsError(f"page size must be >= 1, got {page}")
+    if threads % 32 or not 32 <= threads <= 1024:
+        raise KernelsError(f"threads must be a multiple of 32 up to 1024, got {threads}")
+    step = (threads // 32) * (256 // head_dim) * unroll  # tokens one iteration covers
+    if chunk % step:
+        raise KernelsError(f"chunk {chunk} must be a multiple of the {step} tokens one "
+                           f"iteration of {threads} threads x {unroll} covers")
+    return _spec("decode_attn", pdl, d=head_dim, g=group, p=page, c=chunk, t=threads,
+                 u=unroll, direct=direct)
+
+
+def attention_combine_spec(head_dim: int, chunk: int, *, threads: int = 256,
+                           pdl: bool = False) -> KernelSpec:
+    """Merge of :func:`decode_attention_spec`'s chunks (same ``chunk``)."""
+    if head_dim not in ATTN_HEAD_DIMS:
+        raise KernelsError(f"attention combine takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
+    if threads % 32 or not 32 <= threads <= 1024:
+        raise KernelsError(f"threads must be a multiple of 32 up to 1024, got {threads}")
+    return _spec("attn_combine", pdl, d=head_dim, c=chunk, t=threads)
+
+
+def attention_chunk(batch: int, kv_heads: int, max_len: int, *, sms: int = 132,
+                    ctas_per_sm: int = 2, step: int = 32) -> int:
+    """Split-KV chunk length for a step: the smallest of :data:`ATTN_CHUNKS` (a multiple of
+    ``step``) that keeps the grid near ``ctas_per_sm`` CTAs per SM; longer chunks mean
+    fewer partial outputs for the combine to read."""
+    target = sms * ctas_per_sm
+    options = [c for c in ATTN_CHUNKS if c % step == 0]
+    for c in options:
+        if batch * kv_heads * -(-max_len // c) <= target:
+            return c
+    return options[-1]

@@ -23,7 +23,7 @@ case " $steps " in *" ceil "*)
   python3 -m agentload.kernels.bench ceilings --out "$OUT/ceilings.json" 2>&1 | tail -3 ;; esac
 case " $steps " in *" test "*)
   timeout 240 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir="$R" \
-    -c "$R/pyproject.toml" -o addopts="" "$R/tests/integration/test_kernels_gpu.py" "$R/tests/kernels/test_kernels.py" \
+    -c "$R/pyproject.toml" -o addopts="" ${TESTS:-"$R/tests/integration/test_kernels_gpu.py" "$R/tests/integration/test_attention_gpu.py" "$R/tests/kernels/test_kernels.py"} \
     > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -25 ;; esac
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \

@@ -12,7 +12,10 @@ from agentload.kernels import KernelsError, LayerConfig, bench_specs
 from agentload.kernels.presets import gemv_variants
 from agentload.kernels.specs import (
     add_rmsnorm_spec,
+    attention_chunk,
+    attention_combine_spec,
     check_dims,
+    decode_attention_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
@@ -102,7 +105,62 @@ def test_layer_bytes_match_the_anchor() -> None:
 
 
 # -- torch references (CPU) -----------------------------------------------------------------
+def test_attention_shape_rules() -> None:
+    spec = decode_attention_spec(128, 4, 16, 512, direct=False)
+    assert spec.key() == "decodeattn-d128-g4-p16-c512-t128-u4-direct0"
+    assert attention_combine_spec(128, 512).key() == "attncombine-d128-c512-t256"
+    with pytest.raises(KernelsError, match="head dim"):
+        decode_attention_spec(96, 4, 16, 512, direct=False)
+    with pytest.raises(KernelsError, match="query heads per KV head"):
+        decode_attention_spec(128, 16, 16, 512, direct=False)
+    # 4 warps x 2 tokens (D 128: 16 lanes a token) x 4 steps = 32 tokens an iteration
+    with pytest.raises(KernelsError, match="multiple of the 32 tokens"):
+        decode_attention_spec(128, 4, 16, 48, direct=False)
+    assert decode_attention_spec(64, 4, 16, 64, direct=True).get("c") == 64
+
+
+def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
+    # batch 1, 4 KV heads, 32k: 64 chunks of 512 x 4 heads = 256 CTAs (2 per SM of 132)
+    assert attention_chunk(1, 4, 32768) == 512
+    assert attention_chunk(1, 4, 1000) == 64  # short: as many CTAs as the context allows
+    assert attention_chunk(64, 4, 4096) == 4096  # the batch fills the GPU: one chunk each
+    assert attention_chunk(64, 4, 32768) == 4096  # the longest compiled chunk
+    assert attention_chunk(8, 4, 4096) == 512
+
+
+def test_every_attention_variant_is_compiled_ahead_of_time() -> None:
+    keys = {s.key() for s in bench_specs()}
+    for c in (64, 512, 4096):
+        assert decode_attention_spec(128, 4, 16, c, direct=True).key() in keys
+        assert decode_attention_spec(128, 4, 16, c, direct=False).key() in keys
+        assert attention_combine_spec(128, c).key() in keys
+
+
 torch = pytest.importorskip("torch")
+
+
+def test_paged_attention_reference_matches_explicit_softmax() -> None:
+    from agentload.kernels import reference as ref
+
+    g = torch.Generator().manual_seed(1)
+    page, hkv, hq, d = 4, 2, 4, 8
+    k_cache = torch.randn(6, page, hkv, d, generator=g).bfloat16()
+    v_cache = torch.randn(6, page, hkv, d, generator=g).bfloat16()
+    table = torch.tensor([[5, 0, 3], [2, 4, 1]], dtype=torch.int32)
+    lens = torch.tensor([10, 3], dtype=torch.int32)
+    q = torch.randn(2, hq, d, generator=g).bfloat16()
+    got = ref.paged_decode_attention(q, k_cache, v_cache, table, lens)
+    for b in range(2):
+        n = int(lens[b])
+        toks = [(int(table[b, t // page]), t % page) for t in range(n)]
+        for h in range(hq):
+            kv = h // (hq // hkv)  # GQA: query head h reads KV head h // group
+            keys = torch.stack([k_cache[p, s, kv] for p, s in toks]).double()
+            vals = torch.stack([v_cache[p, s, kv] for p, s in toks]).double()
+            w = torch.softmax(keys @ q[b, h].double() / d ** 0.5, 0)
+            assert torch.allclose(got[b, h], w @ vals)
+
+
 
 
 def test_references_match_plain_math() -> None:

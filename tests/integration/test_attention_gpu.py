@@ -1,0 +1,90 @@
+"""Decode attention over a paged KV cache on a GPU, against the float64 SDPA reference.
+
+Pages are handed out in a shuffled order (so a kernel that ignored the block table would
+read the wrong keys), contexts differ per sequence (so the per-sequence lengths and the
+chunk tails are exercised), and the output is poisoned with NaN. Skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from agentload.kernels import KernelsError, ops  # noqa: E402
+from agentload.kernels import reference as ref  # noqa: E402
+
+BF = torch.bfloat16
+
+
+def paged_case(lens: list[int], hq: int, hkv: int, d: int = 128, page: int = 16,
+               seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random q, caches with shuffled pages, the block table and the lengths."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b = len(lens)
+    per_seq = [-(-n // page) for n in lens]
+    max_pages = max(per_seq)
+    total = sum(per_seq) + 3  # a few pages nobody owns
+    order = torch.randperm(total, generator=g).to(torch.int32)
+    table = torch.zeros(b, max_pages, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(per_seq):
+        table[i, :n] = order[used:used + n]
+        used += n
+    q = torch.randn(b, hq, d, generator=g).to(BF)
+    k = torch.randn(total, page, hkv, d, generator=g).to(BF)
+    v = torch.randn(total, page, hkv, d, generator=g).to(BF)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    return tuple(t.cuda() for t in (q, k, v, table, lens_t))
+
+
+@pytest.mark.parametrize(("lens", "hq", "hkv"), [
+    ([1], 16, 4),                        # one key: the output is v
+    ([37], 16, 4),                       # one chunk, a ragged tail: direct, no combine
+    ([4096], 16, 4),                     # batch 1, split over the context
+    ([32768], 16, 4),                    # batch 1, 32k
+    ([1000, 17, 4096, 2500, 1, 333, 2049, 64], 32, 8),  # batch 8, ragged
+    ([4096] * 64, 16, 4),                # batch 64
+    ([3000, 5], 8, 8),                   # MHA (group 1)
+])
+def test_decode_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) -> None:
+    q, k, v, table, seq = paged_case(lens, hq, hkv)
+    out = torch.full_like(q, float("nan"))
+    ops.decode_attention(q, k, v, table, seq, max_len=max(lens), out=out)
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    assert ref.rel_err(out, want) < ref.BF16_TOL
+    if lens == [1]:
+        assert ref.rel_err(out, v[table[0, 0].long(), 0].repeat_interleave(4, 0)[None]) < 1e-2
+
+
+@pytest.mark.parametrize("chunk", [64, 256, 2048])
+def test_every_chunk_length_gives_the_same_answer(chunk: int) -> None:
+    q, k, v, table, seq = paged_case([5000, 1234], 16, 4, seed=3)
+    out = ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk)
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    assert ref.rel_err(out, want) < ref.BF16_TOL
+
+
+def test_decode_attention_replays_in_a_cuda_graph() -> None:
+    q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=5)
+    out = torch.empty_like(q)
+    ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out)  # load outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out)
+    q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+
+
+def test_decode_attention_rejects_bad_inputs() -> None:
+    q, k, v, table, seq = paged_case([100], 16, 4)
+    with pytest.raises(KernelsError, match="max_len"):
+        ops.decode_attention(q, k, v, table, seq, max_len=10_000)
+    with pytest.raises(KernelsError, match="query heads"):
+        ops.decode_attention(q[:, :15].contiguous(), k, v, table, seq, max_len=100)
+    with pytest.raises(KernelsError, match="block_table"):
+        ops.decode_attention(q, k, v, table.long(), seq, max_len=100)
