@@ -387,6 +387,78 @@ def bench_oproj(rep: Report, cfg: LayerConfig, batch: int) -> None:
            kernel_count(partial(torch_chain, 0)))
 
 
+#: Decode attention cases: (batch, context); 16 query heads over 4 KV heads of 128, pages of 16.
+ATTN_CASES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (64, 4096), (64, 32768))
+ATTN_HEADS = (16, 4, 128, 16)  # query heads, KV heads, head dim, page
+
+
+def bench_attention(rep: Report, batch: int, ctx: int) -> None:
+    """Decode attention over a paged cache (pages shuffled) against the KV bytes' copy
+    time; torch = SDPA (GQA) over the same keys laid out contiguously, no paging."""
+    from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
+
+    hq, hkv, d, page = ATTN_HEADS
+    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    nbytes = kv_bytes + batch * hq * d * 2 * 2
+    sets = _sets(nbytes, rep.ceil.l2_bytes)
+    pages = batch * ctx // page
+    gen = torch.Generator(device="cpu").manual_seed(batch * 7 + ctx)
+    kc = [torch.randn(pages, page, hkv, d, device="cuda").to(_BF16) for _ in range(sets)]
+    vc = [torch.randn(pages, page, hkv, d, device="cuda").to(_BF16) for _ in range(sets)]
+    table = torch.randperm(pages, generator=gen).to(torch.int32).view(batch, -1).cuda()
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    qs = [torch.randn(batch, hq, d, device="cuda").to(_BF16) for _ in range(sets)]
+    outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
+    want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
+    auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
+    best: tuple[float, int] | None = None
+    for c in ATTN_CHUNKS:
+        if c != auto and not 32 <= batch * hkv * -(-ctx // c) <= 8 * rep.ceil.sms:
+            continue
+        outs[0].fill_(float("nan"))
+        try:
+            ops.decode_attention(qs[0], kc[0], vc[0], table, lens, max_len=ctx, chunk=c,
+                                 out=outs[0])
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip attention chunk {c}: {str(exc)[:120]}", flush=True)
+            continue
+        rep.check(f"attention b{batch} ctx{ctx} chunk{c}",
+                  reference.rel_err(outs[0], want), reference.BF16_TOL)
+
+        def ours(i: int, cc: int) -> Any:
+            return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
+                                        chunk=cc, out=outs[i])
+
+        us = graph_us([partial(ours, i, c) for i in range(sets)])
+        rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
+                             "variant": f"chunk {c}" + (" (auto)" if c == auto else ""),
+                             "us": us})
+        if best is None or us < best[0]:
+            best = (us, c)
+    # torch's peer reads the same keys contiguously: [B, Hkv, ctx, D] (no paging to follow)
+    order = table.long()
+    kt = [k[order.view(-1)].view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
+          for k in kc[:2]]
+    vt = [v[order.view(-1)].view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
+          for v in vc[:2]]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def torch_attn(i: int) -> Any:
+        return sdpa(qs[i].unsqueeze(2), kt[i], vt[i], enable_gqa=True)
+
+    rep.check(f"attention b{batch} ctx{ctx} torch sdpa",
+              reference.rel_err(torch_attn(0).squeeze(2), want), reference.BF16_TOL)
+    torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
+    k_ours = None
+    if best is not None:
+        k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
+                                      max_len=ctx, chunk=best[1], out=outs[0]))
+    rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
+           k_ours, kernel_count(partial(torch_attn, 0)),
+           note=("" if best is None else f"best chunk {best[1]} (auto {auto}); ")
+           + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
+
+
 def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     from agentload.kernels.layer import _rms
 
@@ -512,7 +584,8 @@ def layer_table(trace: Path) -> list[dict[str, Any]]:
 # -- driver ---------------------------------------------------------------------------------
 def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
         out: Path | None = None, trace_dir: Path | None = None, depth: int = 4,
-        do_compile: bool = True, ops_only: bool = False, layers_only: bool = False) -> Report:
+        do_compile: bool = True, ops_only: bool = False, layers_only: bool = False,
+        attention_only: bool = False) -> Report:
     """Run the whole benchmark; print tables; write ``out`` JSON (and a trace)."""
     if not torch.cuda.is_available():
         from agentload.kernels.errors import KernelsError
@@ -524,6 +597,15 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
           f"TFLOP/s, L2 {ceil.l2_bytes / 2**20:.0f} MiB, {ceil.sms} SMs; torch {torch.__version__}",
           flush=True)
     cfg = LayerConfig()
+    if attention_only:
+        print(f"\n{'op':<28}{'b':>4} {'MB':>9} {'ours µs':>7} {'%copy':>6} {'k':>3}  "
+              f"{'torch µs':>7} {'%copy':>6} {'k':>3}", flush=True)
+        for b, ctx in ATTN_CASES:
+            bench_attention(rep, b, ctx)
+        bad = [c for c in rep.checks if not c["ok"]]
+        print(f"\nchecks: {len(rep.checks) - len(bad)}/{len(rep.checks)} passed", flush=True)
+        rep.save()
+        return rep
     if not layers_only:
         print(f"\n{'op':<28}{'b':>4} {'MB':>9} {'ours µs':>7} {'%copy':>6} {'k':>3}  "
               f"{'torch µs':>7} {'%copy':>6} {'k':>3}", flush=True)
@@ -538,6 +620,8 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
             bench_router(rep, cfg, b)
             if b <= 16:
                 bench_oproj(rep, cfg, b)
+        for b, ctx in ATTN_CASES:
+            bench_attention(rep, b, ctx)
         # Where add+RMSNorm has enough bytes to leave launch latency behind (scaling row).
         bench_norm(rep, 7168, 512)
         # The floor at the target's size (and at b1 / b512 for the trend).
@@ -611,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--no-compile", action="store_true")
     k.add_argument("--ops-only", action="store_true")
     k.add_argument("--layers-only", action="store_true")
+    k.add_argument("--attention-only", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "ceilings":
         cl = ceil_mod.measure()
@@ -621,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run(batches=[int(x) for x in a.batches.split(",")], ceilings_path=a.ceilings, out=a.out,
         trace_dir=a.trace_dir, depth=a.depth, do_compile=not a.no_compile, ops_only=a.ops_only,
-        layers_only=a.layers_only)
+        layers_only=a.layers_only, attention_only=a.attention_only)
     return 0
 
 
