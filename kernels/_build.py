@@ -84,12 +84,17 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
         fn = _cute_attention.DecodeAttention(d, int(g("g")), int(g("p")), int(g("c")),
                                              int(g("t")), int(g("u")), bool(g("direct")),
-                                             bool(g("pdl", False)))
+                                             bool(g("pdl", False)), bool(g("fresh", False)))
+
+        def heads(n: Any) -> Any:  # [B, n, D] with any 16-byte-aligned batch stride
+            return make_fake_tensor(BFloat16, (b, n, d), (cute.sym_int(divisibility=8), d, 1),
+                                    assumed_align=16)
+
         cache = _t(BFloat16, (pages, int(g("p")), hkv, d))
-        return fn, (_t(BFloat16, (b, hq, d)), cache, _t(BFloat16, (pages, int(g("p")), hkv, d)),
+        return fn, (heads(hq), cache, _t(BFloat16, (pages, int(g("p")), hkv, d)),
                     _t(Int32, (b, maxp)), _t(Int32, (b,)), _t(Float32, (b, hq, splits, d)),
-                    _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, d)), Float32(1.0),
-                    stream)
+                    _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, d)), heads(hkv),
+                    heads(hkv), Float32(1.0), stream)
     if spec.kind == "attn_combine":
         d = int(g("d"))
         b, hq, splits = (cute.sym_int() for _ in range(3))

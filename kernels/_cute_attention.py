@@ -41,6 +41,11 @@ def _cache_vec(t: object, page: object, slot: object, head: object, col: object)
     return cute.local_tile(t, (1, 1, 1, V), (page, slot, head, col))[0, 0, 0, None]
 
 
+def _head_vec(t: object, b: object, head: object, col: object) -> object:
+    """The 8-element vector ``col`` of ``t[b, head, :]`` (3-D, rows may be strided)."""
+    return cute.local_tile(t, (1, 1, V), (b, head, col))[0, 0, None]
+
+
 class DecodeAttention:
     """Split-KV decode attention over a paged cache, GQA, one CTA per (chunk, kv head, seq).
 
@@ -48,13 +53,16 @@ class DecodeAttention:
     ``block_table [B, max_pages]`` int32; ``seq_lens [B]`` int32; ``o_part [B, Hq, S, D]``
     and ``lse [B, Hq, S]`` float32 (the chunks' normalized outputs and base-2 log-sum-exps);
     ``out [B, Hq, D]`` bf16 (written only when ``direct``: every context fits one chunk).
+    With ``fresh``, ``k_new, v_new [B, Hkv, D]`` are the step's own key and value (token
+    ``seq_len - 1``): read from there and appended to the cache. ``q``, ``k_new`` and
+    ``v_new`` may be column slices of one q/k/v projection output (any batch stride).
     """
 
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, threads: int,
-                 unroll: int, direct: bool, pdl: bool = False) -> None:
+                 unroll: int, direct: bool, pdl: bool = False, fresh: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         self.T, self.U = threads, unroll
-        self.direct, self.pdl = direct, pdl
+        self.direct, self.pdl, self.fresh = direct, pdl, fresh
         self.LT = head_dim // V  # lanes per token
         self.TPW = 32 // self.LT  # tokens per warp per step
         self.W = threads // 32
@@ -62,19 +70,20 @@ class DecodeAttention:
         self.NIT = chunk // (self.NS * unroll)  # iterations per chunk
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, qscale: Float32, stream):
+    def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale: Float32,
+                 stream):
         b = mQ.shape[0]
         hkv = mK.shape[2]
         splits = mOP.shape[2]
         smem = self.NS * self.G * (self.D + 2) * 4 + 64
-        self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, qscale).launch(
+        self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
             grid=[splits, hkv, b], block=[self.T, 1, 1], smem=smem, stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBT: cute.Tensor,
                mLen: cute.Tensor, mOP: cute.Tensor, mLse: cute.Tensor, mO: cute.Tensor,
-               qscale: Float32):
+               mKN: cute.Tensor, mVN: cute.Tensor, qscale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         split, kvh, b = cute.arch.block_idx()
         warp = cute.arch.warp_idx()
@@ -103,8 +112,7 @@ class DecodeAttention:
             qf = cute.make_rmem_tensor(cute.make_layout((G, V), stride=(V, 1)), Float32)
             for g in cutlass.range_constexpr(G):
                 qr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                cute.copy(ld_q, cute.local_tile(mQ, (1, 1, V), (b, kvh * G + g, li))[0, 0, None],
-                          qr)
+                cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g, li), qr)
                 qv = qr.load().to(Float32) * qscale
                 for v in cutlass.range_constexpr(V):
                     qf[g, v] = qv[v]
@@ -115,6 +123,19 @@ class DecodeAttention:
             run_sum.fill(0.0)
             acc.fill(0.0)
             stop = cutlass.min(seq_len, t0 + self.C)
+            if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
+                # The CTA whose chunk holds the step's token appends its key and value to
+                # the cache (vLLM's reshape_and_cache, folded in); no CTA reads that slot.
+                if stop == seq_len and tidx < LT:
+                    last = seq_len - 1
+                    lp = last // P
+                    kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    cute.copy(ld_q, _head_vec(mKN, b, kvh, tidx), kn)
+                    cute.copy(ld_q, _head_vec(mVN, b, kvh, tidx), vn)
+                    st = _vec_atom()
+                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
+                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
             for it in cutlass.range(self.NIT):
                 base = t0 + it * (NS * U)
                 if base < stop:
@@ -132,8 +153,17 @@ class DecodeAttention:
                         off = tc - pi * P
                         kr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                         vr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                        cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kr)
-                        cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vr)
+                        if cutlass.const_expr(self.fresh):
+                            # the step's own token: from the projection, not (yet) the cache
+                            if tok == seq_len - 1:
+                                cute.copy(ld_q, _head_vec(mKN, b, kvh, li), kr)
+                                cute.copy(ld_q, _head_vec(mVN, b, kvh, li), vr)
+                            else:
+                                cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kr)
+                                cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vr)
+                        else:
+                            cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kr)
+                            cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vr)
                         ks.append(kr)
                         vs.append(vr)
                     scores = cute.make_rmem_tensor(cute.make_layout((U, G), stride=(G, 1)), Float32)

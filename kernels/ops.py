@@ -199,8 +199,27 @@ def moe_router(x: torch.Tensor, wr: torch.Tensor, bias: torch.Tensor, *, topk: i
     return lg, ii, ww
 
 
+def _check_heads(t: object, name: str, want: tuple[int | None, ...]) -> torch.Tensor:
+    """A ``[B, H, D]`` bf16 tensor whose heads are contiguous; the batch stride may be
+    anything 16-byte aligned (a column slice of a q/k/v projection output)."""
+    if not isinstance(t, torch.Tensor):
+        raise KernelsError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != _BF16:
+        raise KernelsError(f"{name} must be {_BF16}, got {t.dtype}")
+    check_dims(name, tuple(t.shape), want)
+    if t.device.type != "cuda":
+        raise KernelsError(f"{name} must be on a CUDA device, got {t.device}")
+    if t.stride(2) != 1 or t.stride(1) != t.shape[2] or t.stride(0) % 8:
+        raise KernelsError(f"{name} needs contiguous heads and a batch stride divisible by 8, "
+                           f"got strides {tuple(t.stride())}")
+    if t.data_ptr() % 16:
+        raise KernelsError(f"{name} must be 16-byte aligned")
+    return t
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_len: int,
+                     k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                      scale: float | None = None, chunk: int | None = None,
                      out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
@@ -210,8 +229,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     which the caller knows on the host, as vLLM's metadata does: reading it from the GPU
     would sync). Returns ``[B, Hq, D]`` bf16. One kernel when every context fits one
     chunk, else two (the chunks, then their combine).
+
+    ``k_new, v_new [B, Hkv, D]``: the step's own key and value (token ``seq_lens - 1``),
+    attended from there and appended to the cache in the same kernel. ``q``, ``k_new`` and
+    ``v_new`` may be column slices of the q/k/v projection's output.
     """
-    _check(q, "q", _BF16, (None, None, None))
+    _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
     _check(k_cache, "k_cache", _BF16, (None, None, None, d))
     pages, page, hkv, _ = k_cache.shape
@@ -220,13 +243,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _check(seq_lens, "seq_lens", torch.int32, (b,))
     if hkv < 1 or hq % hkv:
         raise KernelsError(f"{hq} query heads do not split over {hkv} KV heads")
+    if (k_new is None) != (v_new is None):
+        raise KernelsError("k_new and v_new go together (the step's own key and value)")
+    if k_new is not None and v_new is not None:
+        _check_heads(k_new, "k_new", (b, hkv, d))
+        _check_heads(v_new, "v_new", (b, hkv, d))
     if not 1 <= max_len <= block_table.shape[1] * page:
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
     c = chunk or attention_chunk(b, hkv, max_len)
     splits = -(-max_len // c)
     direct = splits == 1
-    spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl)
+    spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
+                                 fresh=k_new is not None)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     if direct:
@@ -238,7 +267,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                         ).view(b, hq, splits, d)
         lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits
                        ).view(b, hq, splits)
-    _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, qscale)
+    kn = k_new if k_new is not None else q[:, :hkv]  # unread without fresh
+    vn = v_new if v_new is not None else q[:, :hkv]
+    _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn, qscale)
     if not direct:
         _cache.get(attention_combine_spec(d, c, pdl=pdl))(part, lse, seq_lens, o)
     return o

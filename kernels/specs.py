@@ -184,10 +184,11 @@ def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: i
 
 def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           direct: bool, threads: int = 128, unroll: int = 4,
-                          pdl: bool = False) -> KernelSpec:
+                          pdl: bool = False, fresh: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
-    output itself (every context fits one chunk, no combine)."""
+    output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
+    own key and value from the projection and appends them to the cache."""
     if head_dim not in ATTN_HEAD_DIMS:
         raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
     if not 1 <= group <= ATTN_MAX_GROUP:
@@ -200,8 +201,11 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     if chunk % step:
         raise KernelsError(f"chunk {chunk} must be a multiple of the {step} tokens one "
                            f"iteration of {threads} threads x {unroll} covers")
-    return _spec("decode_attn", pdl, d=head_dim, g=group, p=page, c=chunk, t=threads,
-                 u=unroll, direct=direct)
+    items: dict[str, int | bool] = {"d": head_dim, "g": group, "p": page, "c": chunk,
+                                    "t": threads, "u": unroll, "direct": direct}
+    if fresh:  # joins the key only when on
+        items["fresh"] = True
+    return _spec("decode_attn", pdl, **items)
 
 
 def attention_combine_spec(head_dim: int, chunk: int, *, threads: int = 256,

@@ -67,6 +67,25 @@ def test_every_chunk_length_gives_the_same_answer(chunk: int) -> None:
     assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("lens", [[4096, 1, 777], [40]])
+def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int]) -> None:
+    # q, k_new, v_new are column slices of one projection output, as in the layer.
+    _, k, v, table, seq = paged_case(lens, 16, 4, seed=7)
+    b = len(lens)
+    qkv = torch.randn(b, (16 + 2 * 4) * 128, device="cuda").to(BF)
+    qv = qkv[:, :2048].view(b, 16, 128)
+    kn = qkv[:, 2048:2560].view(b, 4, 128)
+    vn = qkv[:, 2560:].view(b, 4, 128)
+    k_before, v_before = k.clone(), v.clone()
+    out = ops.decode_attention(qv, k, v, table, seq, max_len=max(lens), k_new=kn, v_new=vn)
+    for i, n in enumerate(lens):  # what the kernel must have appended
+        page, slot = int(table[i, (n - 1) // 16]), (n - 1) % 16
+        k_before[page, slot], v_before[page, slot] = kn[i], vn[i]
+    assert torch.equal(k, k_before) and torch.equal(v, v_before)  # nothing else written
+    want = ref.paged_decode_attention(qv, k_before, v_before, table, seq)
+    assert ref.rel_err(out, want) < ref.BF16_TOL
+
+
 def test_decode_attention_replays_in_a_cuda_graph() -> None:
     q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=5)
     out = torch.empty_like(q)
@@ -88,3 +107,8 @@ def test_decode_attention_rejects_bad_inputs() -> None:
         ops.decode_attention(q[:, :15].contiguous(), k, v, table, seq, max_len=100)
     with pytest.raises(KernelsError, match="block_table"):
         ops.decode_attention(q, k, v, table.long(), seq, max_len=100)
+    with pytest.raises(KernelsError, match="go together"):
+        ops.decode_attention(q, k, v, table, seq, max_len=100, k_new=q[:, :4])
+    with pytest.raises(KernelsError, match="contiguous heads"):
+        ops.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, table,
+                             seq, max_len=100)
