@@ -32,9 +32,10 @@ import torch
 
 from agentload.kernels import ceilings as ceil_mod
 from agentload.kernels import ops, reference
-from agentload.kernels.layer import MoELayer
+from agentload.kernels.layer import KVState, MoELayer
 from agentload.kernels.presets import (
     BATCHES,
+    CONTEXTS,
     GEMV_ROWS,
     GEMV_SHAPES,
     NORM_HIDDEN,
@@ -466,52 +467,63 @@ def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # -- per layer ------------------------------------------------------------------------------
-def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int],
-                 depth: int) -> list[MoELayer]:
+def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: int,
+                 contexts: Sequence[int] = CONTEXTS) -> list[MoELayer]:
     layers = [MoELayer(cfg, "cuda", seed=10 + i, index=i) for i in range(depth)]
     gb = rep.ceil.copy_gbps
-    print(f"\nlayer: hidden {cfg.hidden}, {cfg.experts} experts top-{cfg.topk} "
-          f"({cfg.groups} groups, keep {cfg.topk_group}) + shared, inter {cfg.inter}; "
-          f"timed as a stack of {depth} distinct layers, per-layer µs", flush=True)
-    print(f"{'batch':>5} {'MB':>6} {'SoL':>6} | {'std eager':>9} {'std graph':>9} "
+    print(f"\nlayer: hidden {cfg.hidden}, attention {cfg.heads} q / {cfg.kv_heads} kv heads of "
+          f"{cfg.head_dim} over a paged cache (pages of {cfg.page}), {cfg.experts} experts "
+          f"top-{cfg.topk} ({cfg.groups} groups, keep {cfg.topk_group}) + shared, inter "
+          f"{cfg.inter}; timed as a stack of {depth} distinct layers, per-layer µs; SoL = "
+          f"weights touched + KV bytes read at the copy ceiling", flush=True)
+    print(f"{'batch':>5} {'ctx':>6} {'MB':>7} {'SoL':>7} | {'std eager':>9} {'std graph':>9} "
           f"{'fused eag':>9} {'fused grf':>9} {'compile':>8} | {'k std':>5} {'k fused':>7} | "
           f"{'vs SoL':>6} {'vs graph':>8} {'k ratio':>7}", flush=True)
     for b in batches:
-        x0, r0 = layers[0].inputs(b, seed=100 + b)
-        # correctness of both paths on layer 0, against the float32 reference
-        for path in ("fused", "standard"):
-            got = MoELayer.result(getattr(layers[0], path)(x0, r0))
-            ids = layers[0].last_ids
-            assert ids is not None
-            rep.check(f"layer b{b} {path}",
-                      reference.rel_err(got, layers[0].reference(x0, r0, ids)),
-                      reference.BF16_TOL)
-            differ, off = layers[0].routing_check(x0, r0, ids)
-            rep.check(f"layer b{b} {path} routing: {differ} of {b} tokens differ from the "
-                      f"float reference, {off} not at a near-tie", float(off), 0.0)
+        for ctx in contexts:
+            states = [KVState.random(cfg, b, ctx, "cuda", seed=1000 * i + b) for i in
+                      range(depth)]
+            x0, r0 = layers[0].inputs(b, seed=100 + b)
+            kv0 = states[0]
+            # correctness of both paths on layer 0, against the float32 reference
+            for path in ("fused", "standard"):
+                got = MoELayer.result(getattr(layers[0], path)(x0, r0, kv0))
+                ids = layers[0].last_ids
+                assert ids is not None
+                rep.check(f"layer b{b} ctx{ctx} {path}",
+                          reference.rel_err(got, layers[0].reference(x0, r0, ids, kv=kv0)),
+                          reference.BF16_TOL)
+                differ, off = layers[0].routing_check(x0, r0, ids, kv=kv0)
+                rep.check(f"layer b{b} ctx{ctx} {path} routing: {differ} of {b} tokens differ "
+                          f"from the float reference, {off} not at a near-tie", float(off), 0.0)
 
-        def stack(path: str, x0: torch.Tensor = x0, r0: torch.Tensor = r0) -> Fn:
-            def run() -> Any:
-                x, r = x0, r0
-                for lay in layers:
-                    x, r = getattr(lay, path)(x, r)
-                return x, r
-            return run
+            def stack(path: str, x0: torch.Tensor = x0, r0: torch.Tensor = r0,
+                      states: list[KVState] = states) -> Fn:
+                def run() -> Any:
+                    x, r = x0, r0
+                    for lay, st in zip(layers, states, strict=True):
+                        x, r = getattr(lay, path)(x, r, st)
+                    return x, r
+                return run
 
-        std_e = eager_us(stack("standard")) / depth
-        std_g = graph_us([stack("standard")], min_calls=1) / depth
-        fus_e = eager_us(stack("fused")) / depth
-        fus_g = graph_us([stack("fused")], min_calls=1) / depth
-        k_std = kernel_count(partial(layers[0].standard, x0, r0))
-        k_fus = kernel_count(partial(layers[0].fused, x0, r0))
-        nbytes = cfg.weight_bytes_touched(b)
-        sol = nbytes / (gb * 1e9) * 1e6
-        row = {"batch": b, "weight_bytes": nbytes, "sol_us": sol, "standard_eager_us": std_e,
-               "standard_graph_us": std_g, "fused_eager_us": fus_e, "fused_graph_us": fus_g,
-               "compile_us": None, "kernels_standard": k_std, "kernels_fused": k_fus}
-        rep.layers.append(row)
-        _print_layer(row)
-        rep.save()
+            std_e = eager_us(stack("standard")) / depth
+            std_g = graph_us([stack("standard")], min_calls=1) / depth
+            fus_e = eager_us(stack("fused")) / depth
+            fus_g = graph_us([stack("fused")], min_calls=1) / depth
+            k_std = kernel_count(partial(layers[0].standard, x0, r0, kv0))
+            k_fus = kernel_count(partial(layers[0].fused, x0, r0, kv0))
+            nbytes = cfg.step_bytes(b, ctx)
+            sol = nbytes / (gb * 1e9) * 1e6
+            row = {"batch": b, "context": ctx, "weight_bytes": cfg.weight_bytes_touched(b),
+                   "kv_bytes": cfg.kv_bytes_read(b, ctx), "step_bytes": nbytes, "sol_us": sol,
+                   "standard_eager_us": std_e, "standard_graph_us": std_g,
+                   "fused_eager_us": fus_e, "fused_graph_us": fus_g, "compile_us": None,
+                   "kernels_standard": k_std, "kernels_fused": k_fus}
+            rep.layers.append(row)
+            _print_layer(row)
+            rep.save()
+            del states, kv0
+            torch.cuda.empty_cache()
     return layers
 
 
@@ -519,7 +531,8 @@ def _print_layer(row: dict[str, Any]) -> None:
     def f(v: float | None) -> str:
         return "      -  " if v is None else f"{v:9.1f}"
 
-    print(f"{row['batch']:>5} {row['weight_bytes'] / 1e6:6.1f} {row['sol_us']:6.1f} | "
+    print(f"{row['batch']:>5} {row.get('context', 1):>6} {row['step_bytes'] / 1e6:7.1f} "
+          f"{row['sol_us']:7.1f} | "
           f"{f(row['standard_eager_us'])} {f(row['standard_graph_us'])} "
           f"{f(row['fused_eager_us'])} {f(row['fused_graph_us'])} {f(row['compile_us'])[1:]} | "
           f"{row['kernels_standard']:>5} {row['kernels_fused']:>7} | "
@@ -529,21 +542,26 @@ def _print_layer(row: dict[str, Any]) -> None:
 
 
 # -- trace ----------------------------------------------------------------------------------
-def capture_trace(layers: Sequence[MoELayer], batch: int, path: Path) -> Path:
+def capture_trace(layers: Sequence[MoELayer], batch: int, path: Path,
+                  context: int = CONTEXTS[0]) -> Path:
     """One step of each path through the stack under torch.profiler; Kineto JSON."""
     from torch.profiler import ProfilerActivity, profile
 
     x0, r0 = layers[0].inputs(batch, seed=7)
-    for p in ("standard", "fused"):
+    states = [KVState.random(lay.cfg, batch, context, "cuda", seed=i)
+              for i, lay in enumerate(layers)]
+
+    def step(p: str) -> None:
         x, r = x0, r0
-        for lay in layers:
-            x, r = getattr(lay, p)(x, r)
+        for lay, st in zip(layers, states, strict=True):
+            x, r = getattr(lay, p)(x, r, st)
+
+    for p in ("standard", "fused"):
+        step(p)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for p in ("standard", "fused"):
-            x, r = x0, r0
-            for lay in layers:
-                x, r = getattr(lay, p)(x, r)
+            step(p)
         torch.cuda.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
@@ -647,34 +665,39 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
 
 
 def bench_compile(rep: Report, layers: Sequence[MoELayer]) -> None:
-    """torch.compile (default mode) of the standard step, one compile per batch size (the
-    weights are arguments, so every layer of the stack shares the compiled graph)."""
+    """torch.compile (default mode) of the standard step, one compile per shape (the
+    weights and caches are arguments, so every layer of the stack shares the graph)."""
     from agentload.kernels.layer import layer_range, standard_step
 
     print("\ntorch.compile (standard path, default mode), per layer µs:", flush=True)
     depth = len(layers)
     step = torch.compile(standard_step, dynamic=False)
     for row in rep.layers:
-        b = row["batch"]
+        b, ctx = row["batch"], row.get("context", 1)
         x0, r0 = layers[0].inputs(b, seed=100 + b)
+        states = [KVState.random(lay.cfg, b, ctx, "cuda", seed=i)
+                  for i, lay in enumerate(layers)]
         t0 = time.perf_counter()
         try:
-            def run_c(x0: Any = x0, r0: Any = r0) -> Any:
+            def run_c(x0: Any = x0, r0: Any = r0, states: Any = states, ctx: int = ctx) -> Any:
                 x, r = x0, r0
-                for lay in layers:
+                for lay, st in zip(layers, states, strict=True):
                     with layer_range(f"layer{lay.index}.compiled"):
-                        x, r, _ = step(lay.cfg, lay.weights(), x, r)
+                        x, r, _ = step(lay.cfg, lay.weights(), x, r, st.tensors(), ctx)
                 return x, r
 
             run_c()
             row["compile_s"] = time.perf_counter() - t0
             row["compile_us"] = eager_us(run_c) / depth
             row["kernels_compiled"] = kernel_count(
-                partial(step, layers[0].cfg, layers[0].weights(), x0, r0))
-            print(f"  batch {b}: {row['compile_us']:.1f} µs, {row['kernels_compiled']} kernels "
-                  f"(compiled in {row['compile_s']:.0f} s)", flush=True)
+                partial(step, layers[0].cfg, layers[0].weights(), x0, r0, states[0].tensors(),
+                        ctx))
+            print(f"  batch {b} ctx {ctx}: {row['compile_us']:.1f} µs, "
+                  f"{row['kernels_compiled']} kernels (compiled in {row['compile_s']:.0f} s)",
+                  flush=True)
         except Exception as exc:  # report and go on: a compile failure is a result too
-            print(f"  batch {b}: torch.compile failed: {str(exc)[:300]}", flush=True)
+            print(f"  batch {b} ctx {ctx}: torch.compile failed: {str(exc)[:300]}", flush=True)
+        del states
         rep.save()
 
 

@@ -4,9 +4,11 @@ One decode step of one layer, batch ``M``:
 
 1. input add + RMSNorm: ``h0 = residual + sum_s x_slots[:, s]`` (the previous layer's
    expert outputs, combined here), ``xn = rmsnorm(h0)``;
-2. q/k/v projection; the attention core is at position 0 (one key: softmax is 1, the
-   output is ``v``), so only the projection weights are streamed, as in a real step;
-3. o-projection + residual + post-attention RMSNorm: ``h = h0 + v @ Wo^T``, ``hn``;
+2. q/k/v projection (GQA: ``heads`` query heads over ``kv_heads`` KV heads), then decode
+   attention over a paged KV cache (:class:`KVState`): the step's own key and value are
+   appended to the cache and every query head attends to its sequence's whole context.
+   No rotary embedding (the toy layer has none; it would be one more elementwise pass);
+3. o-projection + residual + post-attention RMSNorm: ``h = h0 + attn @ Wo^T``, ``hn``;
 4. router: logits, sigmoid, grouped top-k, normalized weights (+ the shared-expert slot);
 5. experts: per (token, slot) gate/up -> SiLU-and-mul -> down, scaled by the weight.
 
@@ -15,15 +17,19 @@ residual stream, which :meth:`MoELayer.result` gives for comparisons. Each call 
 in an NVTX range and a ``record_function`` range named ``layer<i>.<path>`` so traces
 attribute kernels to layers (the profiler room reads those ranges).
 
-The fused path uses this room's kernels (6 launches at batch <= 16). Above 16 rows the
-FP32-FMA GEMVs lose to tensor cores, so the projections and experts use cuBLAS there
-(with this room's add+RMSNorm, router and SiLU-and-mul kernels around them).
+The fused path uses this room's kernels (7 launches at batch <= 16, 8 when the context
+is split over CTAs and needs the attention combine). Above 16 rows the FP32-FMA GEMVs
+lose to tensor cores, so the projections and experts use cuBLAS there (with this room's
+add+RMSNorm, attention, router and SiLU-and-mul kernels around them). The standard path
+appends to the cache with ``index_copy_``, gathers each sequence's pages and calls SDPA.
+Without a :class:`KVState` a step attends to its own token only (context 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -53,6 +59,43 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
+@dataclass
+class KVState:
+    """One layer's paged KV cache for a batch of sequences at one context length.
+
+    ``seq_lens`` counts the step's own token, whose slot (``slots``, a flat index into
+    ``[pages * page]``) the step writes; earlier tokens are random. Pages are handed out
+    in a shuffled order, as a serving engine's allocator would after a while.
+    """
+
+    k_cache: torch.Tensor  #: [pages, page, kv_heads, head_dim] bf16
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  #: [batch, pages per sequence] int32
+    seq_lens: torch.Tensor  #: [batch] int32, all equal to ``context``
+    slots: torch.Tensor  #: [batch] int64: flat cache slot of each step's own token
+    context: int
+
+    @classmethod
+    def random(cls, cfg: LayerConfig, batch: int, context: int,
+               device: torch.device | str, *, seed: int = 0) -> KVState:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        per_seq = -(-context // cfg.page)
+        pages = batch * per_seq
+        shape = (pages, cfg.page, cfg.kv_heads, cfg.head_dim)
+        # random on the device: 32k contexts at batch 64 are GBs
+        dg = torch.Generator(device=device).manual_seed(seed)
+        k = torch.randn(shape, generator=dg, device=device).to(_BF16)
+        v = torch.randn(shape, generator=dg, device=device).to(_BF16)
+        table = torch.randperm(pages, generator=g).to(torch.int32).view(batch, per_seq)
+        last = context - 1
+        slots = table[:, last // cfg.page].long() * cfg.page + last % cfg.page
+        lens = torch.full((batch,), context, dtype=torch.int32)
+        return cls(k, v, table.to(device), lens.to(device), slots.to(device), context)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.slots)
+
+
 class MoELayer:
     """Weights of one layer (random, seeded) and its two paths."""
 
@@ -61,6 +104,7 @@ class MoELayer:
         self.cfg, self.index = cfg, index
         self.last_ids: torch.Tensor | None = None  #: routed ids of the last call (checks)
         self.pdl = True  #: fused path at <= 16 rows: programmatic dependent launches
+        self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
 
@@ -82,28 +126,47 @@ class MoELayer:
         return (self.w_in, self.w_post, self.wqkv, self.wo, self.wr, self.bias, self.w_gu,
                 self.w_down)
 
-    def standard(self, x_slots: torch.Tensor, residual: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def standard(self, x_slots: torch.Tensor, residual: torch.Tensor,
+                 kv: KVState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         with layer_range(f"layer{self.index}.standard"):
-            y, h, self.last_ids = standard_step(self.cfg, self.weights(), x_slots, residual)
+            y, h, self.last_ids = standard_step(
+                self.cfg, self.weights(), x_slots, residual,
+                None if kv is None else kv.tensors(), 1 if kv is None else kv.context)
             return y, h
+
+    def _first_token(self, batch: int, device: torch.device) -> KVState:
+        """Context 1 (the step's own token only): the state used when none is given."""
+        st = self._first_kv.get(batch)
+        if st is None:
+            st = KVState.random(self.cfg, batch, 1, device)
+            self._first_kv[batch] = st
+        return st
 
     def _select_torch(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return select_torch(self.cfg, self.bias, logits)
 
     # -- fused: this room's kernels ------------------------------------------------------
-    def fused(self, x_slots: torch.Tensor, residual: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attention(self, qkv: torch.Tensor, kv: KVState, pdl: bool) -> torch.Tensor:
+        cfg = self.cfg
+        q, kn, vn = split_qkv(cfg, qkv)
+        out = ops.decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens,
+                                   max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl)
+        return out.view(qkv.shape[0], cfg.heads * cfg.head_dim)
+
+    def fused(self, x_slots: torch.Tensor, residual: torch.Tensor,
+              kv: KVState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         m = residual.shape[0]
+        kv = kv or self._first_token(m, residual.device)
         with layer_range(f"layer{self.index}.fused"):
             if m <= GEMV_MAX_ROWS:
-                # Six launches, each a PDL dependent of the one before (see ops).
+                # Seven or eight launches, each a PDL dependent of the one before (see ops).
                 p = self.pdl
                 xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, pdl=p)
                 qkv = ops.gemv(xn, self.wqkv, pdl=p)
-                h, hn = ops.oproj_residual_rmsnorm(qkv[:, 2 * cfg.hidden:], self.wo, h0,
-                                                   self.w_post, cfg.eps, pdl=p)
+                attn = self._attention(qkv, kv, p)
+                h, hn = ops.oproj_residual_rmsnorm(attn, self.wo, h0, self.w_post, cfg.eps,
+                                                   pdl=p)
                 _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
                                              groups=cfg.groups, topk_group=cfg.topk_group,
                                              scale=cfg.routed_scale, shared=True, pdl=p)
@@ -116,7 +179,7 @@ class MoELayer:
                 return y.view(m, cfg.slots, cfg.hidden), h
             xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
             qkv = xn @ self.wqkv.T
-            o = qkv[:, 2 * cfg.hidden:] @ self.wo.T
+            o = self._attention(qkv, kv, False) @ self.wo.T
             hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
             _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
                                          groups=cfg.groups, topk_group=cfg.topk_group,
@@ -137,8 +200,13 @@ class MoELayer:
         return out.to(hn.dtype).unsqueeze(1)
 
     # -- reference and helpers -----------------------------------------------------------
+    def _attention_reference(self, xn: torch.Tensor, kv: KVState | None) -> torch.Tensor:
+        qkv = xn @ self.wqkv.float().T
+        return attention_torch(self.cfg, qkv, None if kv is None else kv.tensors(),
+                               1 if kv is None else kv.context, write=False)
+
     def reference(self, x_slots: torch.Tensor, residual: torch.Tensor,
-                  ids: torch.Tensor | None = None) -> torch.Tensor:
+                  ids: torch.Tensor | None = None, kv: KVState | None = None) -> torch.Tensor:
         """The next residual stream in float32 (weights upcast), for the tolerance check.
 
         With ``ids`` (``[M, >= k]``, a path's routed experts) the reference uses those
@@ -148,8 +216,9 @@ class MoELayer:
         cfg = self.cfg
         f = torch.float32
         xn, h0 = reference.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, dtype=f)
-        v = (xn @ self.wqkv.to(f).T)[:, 2 * cfg.hidden:]
-        hn, h = reference.add_rmsnorm(v @ self.wo.to(f).T, h0, self.w_post, cfg.eps, dtype=f)
+        attn = self._attention_reference(xn, kv)
+        hn, h = reference.add_rmsnorm(attn @ self.wo.to(f).T, h0, self.w_post, cfg.eps,
+                                      dtype=f)
         logits = hn @ self.wr.to(f).T
         ref_ids, w = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
                                              cfg.topk_group, cfg.routed_scale)
@@ -168,7 +237,8 @@ class MoELayer:
         return out
 
     def routing_check(self, x_slots: torch.Tensor, residual: torch.Tensor,
-                      ids: torch.Tensor, tie: float = 2e-2) -> tuple[int, int]:
+                      ids: torch.Tensor, tie: float = 2e-2, kv: KVState | None = None
+                      ) -> tuple[int, int]:
         """``(tokens routed differently from the float reference, of those not at a tie)``.
 
         A token is at a tie when the reference's k-th and (k+1)-th biased expert scores,
@@ -177,8 +247,9 @@ class MoELayer:
         cfg = self.cfg
         f = torch.float32
         xn, h0 = reference.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, dtype=f)
-        v = (xn @ self.wqkv.to(f).T)[:, 2 * cfg.hidden:]
-        hn, _ = reference.add_rmsnorm(v @ self.wo.to(f).T, h0, self.w_post, cfg.eps, dtype=f)
+        attn = self._attention_reference(xn, kv)
+        hn, _ = reference.add_rmsnorm(attn @ self.wo.to(f).T, h0, self.w_post, cfg.eps,
+                                      dtype=f)
         logits = (hn @ self.wr.to(f).T).double()
         ref_ids, _ = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
                                              cfg.topk_group, cfg.routed_scale)
@@ -226,16 +297,50 @@ def select_torch(cfg: LayerConfig, bias: torch.Tensor, logits: torch.Tensor
     return torch.cat([ids, shared_id], 1), torch.cat([w, torch.ones_like(w[:, :1])], 1)
 
 
+def split_qkv(cfg: LayerConfig, qkv: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views ``q [M, heads, D]``, ``k [M, kv_heads, D]``, ``v [M, kv_heads, D]`` of the
+    projection output (no copies)."""
+    m, d = qkv.shape[0], cfg.head_dim
+    qw, kw = cfg.heads * d, cfg.kv_heads * d
+    return (qkv[:, :qw].view(m, cfg.heads, d), qkv[:, qw:qw + kw].view(m, cfg.kv_heads, d),
+            qkv[:, qw + kw:].view(m, cfg.kv_heads, d))
+
+
+def attention_torch(cfg: LayerConfig, qkv: torch.Tensor, kv: tuple[torch.Tensor, ...] | None,
+                    context: int, *, write: bool = True) -> torch.Tensor:
+    """Decode attention in torch: append the step's key and value to the cache
+    (``index_copy_``; or, with ``write=False``, only in a gathered copy), gather each
+    sequence's pages, SDPA with GQA. Every sequence has ``context`` tokens. ``[M, heads*D]``."""
+    m, d = qkv.shape[0], cfg.head_dim
+    q, kn, vn = split_qkv(cfg, qkv)
+    if kv is None:  # context 1: the softmax is over one key, the output its value
+        return vn.repeat_interleave(cfg.group, 1).reshape(m, cfg.heads * d)
+    k_cache, v_cache, table, _, slots = kv
+    if write:
+        k_cache.view(-1, cfg.kv_heads, d).index_copy_(0, slots, kn)
+        v_cache.view(-1, cfg.kv_heads, d).index_copy_(0, slots, vn)
+    flat = table.reshape(-1)
+    k = k_cache.index_select(0, flat).view(m, -1, cfg.kv_heads, d)[:, :context]
+    v = v_cache.index_select(0, flat).view(m, -1, cfg.kv_heads, d)[:, :context]
+    if not write:
+        k, v = k.to(qkv.dtype).clone(), v.to(qkv.dtype).clone()
+        k[:, context - 1], v[:, context - 1] = kn, vn
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+    return o.reshape(m, cfg.heads * d)
+
+
 def standard_step(cfg: LayerConfig, weights: tuple[torch.Tensor, ...], x_slots: torch.Tensor,
-                  residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The standard path as a pure function of the weights (one torch.compile serves every
-    layer); returns ``(x_slots_next, h, ids)``."""
+                  residual: torch.Tensor, kv: tuple[torch.Tensor, ...] | None = None,
+                  context: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The standard path as a pure function of the weights and the cache (one
+    torch.compile serves every layer); returns ``(x_slots_next, h, ids)``."""
     w_in, w_post, wqkv, wo, wr, bias, w_gu, w_down = weights
     h0 = residual + x_slots.sum(1)
     xn = _rms(h0, w_in, cfg.eps)
     qkv = xn @ wqkv.T
-    v = qkv[:, 2 * cfg.hidden:]
-    h = h0 + v @ wo.T
+    h = h0 + attention_torch(cfg, qkv, kv, context) @ wo.T
     hn = _rms(h, w_post, cfg.eps)
     logits = (hn @ wr.T).float()
     ids, wts = select_torch(cfg, bias, logits)

@@ -14,6 +14,7 @@ from agentload.kernels.specs import (
     MMA_ROWS,
     KernelSpec,
     add_rmsnorm_spec,
+    attention_chunk,
     attention_combine_spec,
     decode_attention_spec,
     gemv_spec,
@@ -25,17 +26,26 @@ from agentload.kernels.specs import (
 BATCHES = (1, 8, 64)
 
 
+BATCHES = (1, 8, 64)
+CONTEXTS = (4096, 32768)  #: tokens of context per sequence in the layer benchmark
+
+
 @dataclass(frozen=True, slots=True)
 class LayerConfig:
-    """A toy MoE decoder layer: MHA projections, a grouped router, routed + shared experts.
+    """A toy MoE decoder layer: GQA attention over a paged KV cache, a grouped router,
+    routed + shared experts.
 
-    Defaults give 71.4 MB of bf16 weights touched per step at batch 1 (q/k/v/o projections
-    33.6 MB, router 64 KB, two routed experts and the shared expert 12.6 MB each), the
-    size of the anchor layer in issue 8.
+    Defaults give 58.8 MB of bf16 weights touched per step at batch 1 (q/k/v projection
+    12.6 MB for 16 query and 4 KV heads of 128, o-projection 8.4 MB, router 64 KB, two
+    routed experts and the shared expert 12.6 MB each), plus the KV bytes the step reads:
+    2 KB per token of context per sequence (4 KV heads x 128 x bf16 x key and value).
     """
 
     hidden: int = 2048
-    qkv_out: int = 3 * 2048
+    heads: int = 16
+    kv_heads: int = 4
+    head_dim: int = 128
+    page: int = 16  #: tokens per KV-cache page (vLLM's default block size)
     experts: int = 16
     topk: int = 2
     groups: int = 4
@@ -43,6 +53,24 @@ class LayerConfig:
     inter: int = 1024
     routed_scale: float = 1.0
     eps: float = 1e-6
+
+    @property
+    def qkv_out(self) -> int:
+        """Width of the fused q/k/v projection: query heads, then keys, then values."""
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    def kv_bytes_read(self, batch: int, context: int) -> int:
+        """KV-cache bytes one decode step reads at ``context`` tokens per sequence."""
+        return batch * context * self.kv_heads * self.head_dim * 2 * 2
+
+    def step_bytes(self, batch: int, context: int) -> int:
+        """The step's speed-of-light bytes: weights touched plus KV bytes read."""
+        return self.weight_bytes_touched(batch) + self.kv_bytes_read(batch, context)
 
     @property
     def slots(self) -> int:
@@ -57,12 +85,24 @@ class LayerConfig:
         distinct = min(self.experts, batch * self.topk)  # best case: tokens share experts
         return dense + expert * (1 + distinct) + 2 * h * 2  # + the two norm weights
 
+    def attention_specs(self, batch: int, context: int, *, pdl: bool) -> list[KernelSpec]:
+        """The attention kernel (and its combine) the fused path uses at this shape."""
+        c = attention_chunk(batch, self.kv_heads, context)
+        direct = context <= c
+        out = [decode_attention_spec(self.head_dim, self.group, self.page, c, direct=direct,
+                                     pdl=pdl, fresh=True)]
+        if not direct:
+            out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
+        return out
+
     def specs(self, batch: int) -> list[KernelSpec]:
         """The kernel variants the fused path uses at ``batch``."""
         h = self.hidden
         out = [add_rmsnorm_spec(h, self.slots), add_rmsnorm_spec(h, 1),
                router_spec(h, self.experts, self.topk, self.groups, self.topk_group,
                            self.routed_scale, shared=True)]
+        for context in (1, *CONTEXTS):  # 1: a first token (the cache holds only it)
+            out += self.attention_specs(batch, context, pdl=batch <= GEMV_MAX_ROWS)
         if batch <= GEMV_MAX_ROWS:
             for pdl in (False, True):  # plain (op tests) and PDL (the fused layer)
                 out += [add_rmsnorm_spec(h, self.slots, pdl=pdl),

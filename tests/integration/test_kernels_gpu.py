@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu,
 
 from agentload.kernels import KernelsError, LayerConfig, ops  # noqa: E402
 from agentload.kernels import reference as ref  # noqa: E402
-from agentload.kernels.layer import MoELayer  # noqa: E402
+from agentload.kernels.layer import KVState, MoELayer  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -178,28 +178,35 @@ def test_bad_shapes_raise_kernels_error() -> None:
         ops.add_rmsnorm(rnd(2, 2048), rnd(2, 1024), rnd(1024))
 
 
+@pytest.mark.parametrize("context", [1, 4096])
 @pytest.mark.parametrize("batch", [1, 8, 64])
-def test_layer_paths_match_reference(batch: int) -> None:
-    layer = MoELayer(LayerConfig(), "cuda", seed=batch)
+def test_layer_paths_match_reference(batch: int, context: int) -> None:
+    cfg = LayerConfig()
+    layer = MoELayer(cfg, "cuda", seed=batch)
     x, r = layer.inputs(batch, seed=batch + 1)
+    kv = None if context == 1 else KVState.random(cfg, batch, context, "cuda", seed=batch)
     for path in (layer.fused, layer.standard):
-        got = MoELayer.result(path(x, r))
+        got = MoELayer.result(path(x, r, kv))
         ids = layer.last_ids
         assert ids is not None
-        assert ref.rel_err(got, layer.reference(x, r, ids)) < ref.BF16_TOL
-        _, off = layer.routing_check(x, r, ids)
+        assert ref.rel_err(got, layer.reference(x, r, ids, kv=kv)) < ref.BF16_TOL
+        _, off = layer.routing_check(x, r, ids, kv=kv)
         assert off == 0  # routing differs from float64 only at near-ties
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_fused_layer_replays_in_a_cuda_graph(batch: int) -> None:
-    layers = [MoELayer(LayerConfig(), "cuda", seed=20 + i, index=i) for i in range(2)]
+@pytest.mark.parametrize("context", [1, 32768])
+def test_fused_layer_replays_in_a_cuda_graph(batch: int, context: int) -> None:
+    cfg = LayerConfig()
+    layers = [MoELayer(cfg, "cuda", seed=20 + i, index=i) for i in range(2)]
     x, r = layers[0].inputs(batch, seed=3)
+    states = [None if context == 1 else KVState.random(cfg, batch, context, "cuda", seed=i)
+              for i in range(2)]
 
     def step() -> tuple[torch.Tensor, torch.Tensor]:
         y, h = x, r
-        for lay in layers:  # PDL chain across the layer boundary too
-            y, h = lay.fused(y, h)
+        for lay, st in zip(layers, states, strict=True):  # PDL across the layer boundary too
+            y, h = lay.fused(y, h, st)
         return y, h
 
     want = MoELayer.result(step())

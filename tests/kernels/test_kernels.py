@@ -98,7 +98,10 @@ def test_gemv_picks_tensor_cores_at_eight_rows() -> None:
 def test_layer_bytes_match_the_anchor() -> None:
     cfg = LayerConfig()
     assert cfg.slots == 3
-    assert abs(cfg.weight_bytes_touched(1) / 1e6 - 71.4) < 0.2
+    assert cfg.qkv_out == 3072 and cfg.group == 4
+    assert abs(cfg.weight_bytes_touched(1) / 1e6 - 58.8) < 0.1
+    assert cfg.kv_bytes_read(1, 32768) == 32768 * 4 * 128 * 2 * 2  # 64 MiB at 32k
+    assert cfg.step_bytes(8, 4096) == cfg.weight_bytes_touched(8) + 8 * 4096 * 2048
     # at batch 64 all 16 routed experts are touched at least once
     assert cfg.weight_bytes_touched(64) == cfg.weight_bytes_touched(8) > \
         cfg.weight_bytes_touched(1)
@@ -195,15 +198,25 @@ def test_router_select_grouped_topk() -> None:
 
 def test_standard_layer_matches_float_reference_on_cpu() -> None:
     from agentload.kernels import reference as ref
-    from agentload.kernels.layer import MoELayer
+    from agentload.kernels.layer import KVState, MoELayer
 
-    cfg = LayerConfig(hidden=256, qkv_out=768, experts=8, topk=2, groups=4, topk_group=2,
-                      inter=128)
+    cfg = LayerConfig(hidden=256, heads=4, kv_heads=2, head_dim=64, page=4, experts=8,
+                      topk=2, groups=4, topk_group=2, inter=128)
     layer = MoELayer(cfg, "cpu", seed=3)
     for batch in (1, 5):  # gather path (few rows) and dense-masked path
         x, r = layer.inputs(batch)
         got = MoELayer.result(layer.standard(x, r))
         assert ref.rel_err(got, layer.reference(x, r)) < ref.BF16_TOL
+        kv = KVState.random(cfg, batch, 37, "cpu", seed=batch)
+        before = kv.k_cache.clone()
+        got = MoELayer.result(layer.standard(x, r, kv))
+        assert ref.rel_err(got, layer.reference(x, r, kv=kv)) < ref.BF16_TOL
+        # the step appended exactly one key per sequence, at its last slot
+        changed = (kv.k_cache != before).any(-1).any(-1).view(-1)
+        assert sorted(changed.nonzero().view(-1).tolist()) == sorted(kv.slots.tolist())
+        # the context matters: a cache of other keys gives another answer
+        other = KVState.random(cfg, batch, 37, "cpu", seed=batch + 50)
+        assert ref.rel_err(MoELayer.result(layer.standard(x, r, other)), got) > 0.01
 
 
 def test_ops_reject_bad_inputs_before_any_gpu_work() -> None:
