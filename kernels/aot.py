@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="build only keys containing this text")
     p.add_argument("--runtime", action="store_true", help="copy libcute_dsl_runtime.so too")
     p.add_argument("--ptx", action="store_true", help="keep the PTX next to each .so")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="keep .so files already in --out (rebuild after a kernel change: omit)")
     args = p.parse_args(argv)
     os.environ["CUTE_DSL_ARCH"] = args.arch
     from agentload.kernels._build import export_spec, runtime_libraries
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for spec in bench_specs():
         if args.only and args.only not in spec.key():
+            continue
+        if args.skip_existing and (out / f"{spec.key()}.so").is_file():
             continue
         t0 = time.perf_counter()
         try:

@@ -543,8 +543,10 @@ def _print_layer(row: dict[str, Any]) -> None:
 
 # -- trace ----------------------------------------------------------------------------------
 def capture_trace(layers: Sequence[MoELayer], batch: int, path: Path,
-                  context: int = CONTEXTS[0]) -> Path:
-    """One step of each path through the stack under torch.profiler; Kineto JSON."""
+                  context: int = CONTEXTS[0],
+                  paths: Sequence[str] = ("standard", "fused")) -> Path:
+    """One step of each of ``paths`` through the stack under torch.profiler; Kineto JSON.
+    One path per file gives ``agentload profile diff standard.json fused.json``."""
     from torch.profiler import ProfilerActivity, profile
 
     x0, r0 = layers[0].inputs(batch, seed=7)
@@ -560,7 +562,7 @@ def capture_trace(layers: Sequence[MoELayer], batch: int, path: Path,
         step(p)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for p in ("standard", "fused"):
+        for p in paths:
             step(p)
         torch.cuda.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -649,12 +651,18 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
         layers = bench_layers(rep, cfg, batches, depth)
         if trace_dir is not None:
             for b in (1, 8):
-                path = capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}.json")
+                ctx = CONTEXTS[0]
+                path = capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}.json", ctx)
                 table = layer_table(path)
-                rep.trace += [{"batch": b, **t} for t in table]
-                print(f"\ntrace {path.name}: per-layer kernels and GPU µs (Kineto)")
+                rep.trace += [{"batch": b, "context": ctx, **t} for t in table]
+                print(f"\ntrace {path.name} (context {ctx}): per-layer kernels and GPU µs "
+                      "(Kineto)")
                 for t in table:
                     print(f"  {t['range']:<20} {t['kernels']:>4} kernels {t['gpu_us']:8.1f} µs")
+                # one path per file, for `agentload profile diff` (standard vs fused)
+                for p in ("standard", "fused"):
+                    capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}-{p}.json", ctx,
+                                  paths=(p,))
                 rep.save()
         if do_compile:
             bench_compile(rep, layers)

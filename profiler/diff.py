@@ -31,13 +31,16 @@ class Alignment:
 
 
 _TORCH_LAYER = re.compile(r"^nn\.Module: [A-Za-z_]\w*?" + DECODER_CLASS_RE[:-1] + r"_\*$")
+_GLUED_LAYER = re.compile(r"^layer\*\.\w+$")  # ``layer3.fused``: a layer range named by its path
 
 
 def canonical_type(t: str) -> str:
     """Decoder-layer types of every source are one row: ``model.layers.*`` (vLLM's layerwise
     NVTX), ``inferred.layers.*`` (a graph replay) and ``nn.Module: LlamaDecoderLayer_*``
-    (the PyTorch profiler's module ranges in eager mode)."""
-    if t == LAYER_KEY or t.endswith("." + LAYER_KEY) or _TORCH_LAYER.match(t):
+    (the PyTorch profiler's module ranges in eager mode), and ``layer*.fused`` /
+    ``layer*.standard`` (the kernels room's per-path ranges)."""
+    if (t == LAYER_KEY or t.endswith("." + LAYER_KEY) or _TORCH_LAYER.match(t)
+            or _GLUED_LAYER.match(t)):
         return LAYER_KEY
     return t
 

@@ -239,3 +239,14 @@ def test_nsys_diagnostics_about_lost_events_are_warnings(tmp_path: Path) -> None
     code, out = invoke("profile", "layers", str(db))
     assert code == 0 and f"warning: nsys reported: {lost} (2 times)" in out
     assert "Profiling started" not in out
+
+
+def test_diff_sets_the_kernels_rooms_paths_side_by_side() -> None:
+    """``layer3.standard`` and ``layer3.fused`` (one path per trace, from `agentload bench
+    kernels --trace-dir`) are both the decoder-layer row, so a diff compares them."""
+    from agentload.profiler.diff import LAYER_KEY, canonical_type
+
+    assert canonical_type("layer*.standard") == LAYER_KEY
+    assert canonical_type("layer*.fused") == LAYER_KEY
+    assert canonical_type("layer*.fused.attn") != LAYER_KEY  # a range inside a layer
+    assert canonical_type("player*.fused") != LAYER_KEY
