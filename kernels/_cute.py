@@ -206,8 +206,9 @@ class Gemv:
 
     * FMA (any M): each thread takes 8 bf16 of K per tile (``threads * 8`` per tile),
       float32 FMAs on CUDA cores; warp shuffle, then smem across warps.
-    * ``mma`` (M = 8): tensor cores, ``mma.sync.m16n8k16`` bf16 -> f32 with 16 weight
-      rows as A and the 8 activation rows as B, so neither side is converted to float32
+    * ``mma`` (any M <= 16): tensor cores, ``mma.sync.m16n8k16`` bf16 -> f32 with 16
+      weight rows as A and 8 activation rows as B (fewer rows: the missing columns are
+      zeros; 9-16 rows: two tiles of 8), so neither side is converted to float32
       and one 16-byte x load serves 16 outputs. Each warp takes every ``warps``-th
       32-wide K chunk (the CTA's warps split K); the partial 16x8 tiles are summed in smem.
 
@@ -292,7 +293,7 @@ class Gemv:
 
     @cute.jit
     def mma_loop(self, mX, mW, part, n0, warp, lane):
-        """Tensor-core main loop (M = 8); leaves ``part[m * OPB + j, warp]``.
+        """Tensor-core main loop (M <= 16); leaves ``part[m * OPB + j, warp]``.
 
         K is a sum, so any permutation of it used for both A and B gives the same
         product. Lane (g = lane / 4, t = lane % 4) loads 16 bytes at K offset
@@ -304,7 +305,9 @@ class Gemv:
         """
         OPB: cutlass.Constexpr = self.OPB
         NW: cutlass.Constexpr = self.W
+        M: cutlass.Constexpr = self.M
         MT: cutlass.Constexpr = self.OPB // 16
+        NT: cutlass.Constexpr = (self.M + 7) // 8  # token tiles of 8 (the MMA's n)
         NC: cutlass.Constexpr = self.K // (32 * self.W)  # chunks per warp
         U: cutlass.Constexpr = 4  # chunks whose loads are issued together
         ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
@@ -313,7 +316,7 @@ class Gemv:
         g = lane // 4
         t = lane - g * 4
         accs = []
-        for _mt in cutlass.range_constexpr(MT):
+        for _i in cutlass.range_constexpr(MT * NT):
             acc = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)  # (V, M, N)
             acc.fill(0.0)
             accs.append(acc)
@@ -338,36 +341,50 @@ class Gemv:
                 wnext = load_w(c0 + U)
             xv = []
             for c in cutlass.range_constexpr(c0, min(c0 + U, NC)):
-                xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                cute.copy(ld_x, _row_vec(mX, g, (c * NW + warp) * 4 + t), xr)
-                xv.append(xr)
+                for nt in cutlass.range_constexpr(NT):
+                    xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    if cutlass.const_expr((nt + 1) * 8 <= M):
+                        cute.copy(ld_x, _row_vec(mX, nt * 8 + g, (c * NW + warp) * 4 + t), xr)
+                    else:
+                        # fewer than 8 tokens in this tile: the missing columns of B are 0
+                        xr.fill(0.0)
+                        if nt * 8 + g < M:
+                            cute.copy(ld_x, _row_vec(mX, nt * 8 + g, (c * NW + warp) * 4 + t),
+                                      xr)
+                    xv.append(xr)
             for ci in cutlass.range_constexpr(min(U, NC - c0)):
-                x32 = cute.recast_tensor(xv[ci], Int32)
-                for s in cutlass.range_constexpr(2):
-                    b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
-                    b32 = cute.recast_tensor(b, Int32)
-                    b32[0] = x32[2 * s]
-                    b32[1] = x32[2 * s + 1]
-                    for mt in cutlass.range_constexpr(MT):
-                        lo = cute.recast_tensor(wv[(ci * MT + mt) * 2], Int32)
-                        hi = cute.recast_tensor(wv[(ci * MT + mt) * 2 + 1], Int32)
-                        a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
-                        a32 = cute.recast_tensor(a, Int32)
-                        a32[0] = lo[2 * s]
-                        a32[1] = hi[2 * s]
-                        a32[2] = lo[2 * s + 1]
-                        a32[3] = hi[2 * s + 1]
-                        cute.gemm(atom, accs[mt], a, b, accs[mt])
+                for nt in cutlass.range_constexpr(NT):
+                    x32 = cute.recast_tensor(xv[ci * NT + nt], Int32)
+                    for s in cutlass.range_constexpr(2):
+                        b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
+                        b32 = cute.recast_tensor(b, Int32)
+                        b32[0] = x32[2 * s]
+                        b32[1] = x32[2 * s + 1]
+                        for mt in cutlass.range_constexpr(MT):
+                            lo = cute.recast_tensor(wv[(ci * MT + mt) * 2], Int32)
+                            hi = cute.recast_tensor(wv[(ci * MT + mt) * 2 + 1], Int32)
+                            a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
+                            a32 = cute.recast_tensor(a, Int32)
+                            a32[0] = lo[2 * s]
+                            a32[1] = hi[2 * s]
+                            a32[2] = lo[2 * s + 1]
+                            a32[3] = hi[2 * s + 1]
+                            cute.gemm(atom, accs[mt * NT + nt], a, b, accs[mt * NT + nt])
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         # c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1] (row = output,
-        # column = token).
+        # column = token of the tile).
         for mt in cutlass.range_constexpr(MT):
-            for h in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    m = 2 * t + q
-                    j = mt * 16 + h * 8 + g
-                    part[m * OPB + j, warp] = accs[mt][h * 2 + q]
+            for nt in cutlass.range_constexpr(NT):
+                for h in cutlass.range_constexpr(2):
+                    for q in cutlass.range_constexpr(2):
+                        j = mt * 16 + h * 8 + g
+                        m = nt * 8 + 2 * t + q
+                        if cutlass.const_expr((nt + 1) * 8 <= M):
+                            part[m * OPB + j, warp] = accs[mt * NT + nt][h * 2 + q]
+                        else:
+                            if m < M:
+                                part[m * OPB + j, warp] = accs[mt * NT + nt][h * 2 + q]
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from agentload.kernels.specs import (
     ATTN_CHUNKS,
     GEMV_MAX_ROWS,
-    MMA_ROWS,
     KernelSpec,
     add_rmsnorm_spec,
     attention_chunk,
@@ -122,7 +121,7 @@ class LayerConfig:
 #: Shapes of the per-op benchmark: (name, K, N) GEMVs and the hidden sizes of the norms.
 GEMV_SHAPES = (("gemv 7168x16384", 7168, 16384), ("gemv 16384x7168", 16384, 7168),
                ("gemv 2048x6144", 2048, 6144))
-GEMV_ROWS = (1, 2, 4, 8)
+GEMV_ROWS = (1, 2, 4, 8, 12, 16)
 NORM_HIDDEN = (2048, 7168)
 SILU_INTER = (1024, 18432)
 NORM_CLUSTERS = (1, 2, 4)
@@ -139,7 +138,8 @@ def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
         if rows < 8 and (threads, opb) == (256, 8):
             continue
         out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=False))
-    if rows == MMA_ROWS:  # tensor cores: 16 or 32 outputs per CTA, K split over its warps
+    # tensor cores at every row count: 16 or 32 outputs per CTA, K split over its warps
+    if rows <= GEMV_MAX_ROWS:
         for threads, opb in ((128, 16), (64, 16), (256, 16), (256, 32)):
             if k % threads == 0 and n % opb == 0:
                 out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=True))

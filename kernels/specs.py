@@ -113,7 +113,8 @@ def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
               mma: bool | None = None) -> KernelSpec:
     """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm.
 
-    ``mma`` picks the tensor-core main loop (8 rows only; the default there whenever the
+    ``mma`` picks the tensor-core main loop (any row count: fewer than 8 rows pad the
+    MMA's 8 columns with zeros, 9-16 take two tiles; the default at 8 rows whenever the
     shape allows it: 16 outputs per CTA, 128 threads); the FMA loop otherwise.
     """
     if not 1 <= rows <= GEMV_MAX_ROWS:
@@ -124,8 +125,6 @@ def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
     if mma:
         t = threads or 128
         o = opb or 16
-        if rows != MMA_ROWS:
-            raise KernelsError(f"the tensor-core GEMV takes exactly {MMA_ROWS} rows, got {rows}")
         if t % 32 or not 32 <= t <= 1024 or k % t:
             # each warp takes 32-wide K chunks in turn: the CTA covers threads values a step
             raise KernelsError(f"tensor-core GEMV: K {k} must be a multiple of the threads "

@@ -97,6 +97,21 @@ def test_gemv_8_rows_tensor_core_and_fma_variants(threads: int, opb: int, mma: b
     assert ref.rel_err(y[3], ref.gemv(x, w)[3]) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 12, 16])
+def test_gemv_tensor_cores_at_every_row_count(rows: int) -> None:
+    # Fewer than 8 rows pad the MMA's columns with zeros; 12 and 16 take two tiles of 8:
+    # each row checked on its own, scaled apart, so a row lost or swapped shows.
+    k, n = 7168, 16384
+    x = (torch.randn(rows, k, device="cuda")
+         * torch.arange(1, rows + 1, device="cuda")[:, None]).to(BF)
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(BF)
+    y = nan(rows, n)
+    ops.gemv(x, w, out=y, threads=128, opb=16, mma=True)
+    want = ref.gemv(x, w)
+    for r in range(rows):
+        assert ref.rel_err(y[r], want[r]) < ref.BF16_TOL, r
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 def test_oproj_residual_rmsnorm_chain(batch: int) -> None:
     h_dim = 2048
