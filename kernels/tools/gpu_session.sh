@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: set up AOT kernels + tvm-ffi, record the card, then run what $1 names.
-# Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test bench" [bench args]
+# Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test attn layers bench" [bench args]
+# (attn: bench --attention-only; layers: bench --layers-only --no-compile + traces + profile diff)
 # Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so.
 set -u
 export PYTHONUNBUFFERED=1
@@ -25,6 +26,16 @@ case " $steps " in *" test "*)
   timeout 240 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir="$R" \
     -c "$R/pyproject.toml" -o addopts="" ${TESTS:-"$R/tests/integration/test_kernels_gpu.py" "$R/tests/integration/test_attention_gpu.py" "$R/tests/kernels/test_kernels.py"} \
     > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -25 ;; esac
+case " $steps " in *" attn "*)
+  timeout 200 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
+    --out "$OUT/attn.json" --attention-only 2>&1 | tee "$OUT/attn.log" | grep -v "^  skip" ;; esac
+case " $steps " in *" layers "*)
+  timeout 300 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
+    --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" 2>&1 \
+    | tee "$OUT/layers.log" | grep -v "^  skip"
+  for b in 1 8; do python3 -m agentload profile diff "$OUT/traces/kernels-trace-b$b-standard.json" \
+    "$OUT/traces/kernels-trace-b$b-fused.json" 2>&1 | tee -a "$OUT/layers.log" | head -30; done
+  tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces" ;; esac
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
     --trace-dir "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^  skip" ;; esac
