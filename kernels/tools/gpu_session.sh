@@ -33,8 +33,10 @@ case " $steps " in *" layers "*)
   timeout 300 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
     --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" 2>&1 \
     | tee "$OUT/layers.log" | grep -v "^  skip"
-  for b in 1 8; do python3 -m agentload profile diff "$OUT/traces/kernels-trace-b$b-standard.json" \
-    "$OUT/traces/kernels-trace-b$b-fused.json" 2>&1 | tee -a "$OUT/layers.log" | head -30; done
+  # profile diff needs typer and polars: from the staged bundle when one is there
+  for b in 1 8; do (cd "$R"; [ -f /tmp/agentload-gpu/env.sh ] && . /tmp/agentload-gpu/env.sh
+    python3 -P -m agentload profile diff "$OUT/traces/kernels-trace-b$b-standard.json" \
+    "$OUT/traces/kernels-trace-b$b-fused.json") 2>&1 | tee -a "$OUT/layers.log" | head -30; done
   tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces" ;; esac
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
