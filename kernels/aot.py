@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentload.kernels.presets import bench_specs
 
     out = args.out / args.arch
+    out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for spec in bench_specs():
         if args.only and args.only not in spec.key():

@@ -172,11 +172,12 @@ def _wheel_for(wheelhouse: Path, pin: str) -> Path:
 
 def source_root() -> Path:
     """The checkout agentload runs from (a wheel of it goes into the bundle)."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "pyproject.toml").is_file():
-        raise BundleError("agentload gpu bundle builds agentload's own wheel and must run "
-                          f"from a checkout of the repository ({root} has no pyproject.toml)")
-    return root
+    here = Path(__file__).resolve()
+    for root in here.parents:  # replay/serve/ in a checkout, agentload/replay/serve/ in a wheel
+        if (root / "pyproject.toml").is_file():
+            return root
+    raise BundleError("agentload gpu bundle builds agentload's own wheel and must run from a "
+                      f"checkout of the repository (no pyproject.toml above {here.parent})")
 
 
 def build_agentload_wheel(out: Path, say: Callable[[str], None]) -> Path:

@@ -30,6 +30,7 @@ from agentload.replay.serve.gpu_bundle import (
     elf_section,
     prune_fatbin,
     requirements,
+    source_root,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +246,10 @@ def test_archives_are_byte_identical_from_the_same_inputs(tmp_path: Path) -> Non
     with tarfile.open(tmp_path / "one.tar.xz") as tar:
         names = tar.getnames()
     assert names == ["pkg", "pkg/a.py", "pkg/b.py", "pkg/sub", "pkg/sub/c.so"]
+
+
+def test_source_root_is_the_checkout_that_holds_pyproject() -> None:
+    # The bundle module sits two rooms deep (replay/serve/); its wheel is built from the root.
+    root = source_root()
+    assert (root / "pyproject.toml").is_file()
+    assert (root / "replay" / "serve" / "gpu_bundle.py").is_file()
