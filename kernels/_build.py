@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from agentload.kernels import _cute, _cute_attention
+from agentload.kernels import _cute, _cute_attention, _cute_experts
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import KernelSpec
 
@@ -69,6 +69,14 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         rx, r = cute.sym_int(), cute.sym_int()
         fn = _cute.GroupedGemv(k, int(g("t")), int(g("opb")), int(g("div")), silu,
                                bool(g("pdl", False)))
+        return fn, (_t(BFloat16, (rx, k)), _t(BFloat16, (e, n, k)), _t(Int32, (r,)),
+                    _t(Float32, (r,)), _t(BFloat16, (r, n // 2 if silu else n)), stream)
+    if spec.kind == "expert_gemm":
+        k, n, e, m, slots = int(g("k")), int(g("n")), int(g("e")), int(g("m")), int(g("s"))
+        silu = bool(g("silu"))
+        rx, r = cute.sym_int(), cute.sym_int()
+        fn = _cute_experts.ExpertGemm(k, m, m * slots, int(g("t")), int(g("div")), silu,
+                                      bool(g("pdl", False)))
         return fn, (_t(BFloat16, (rx, k)), _t(BFloat16, (e, n, k)), _t(Int32, (r,)),
                     _t(Float32, (r,)), _t(BFloat16, (r, n // 2 if silu else n)), stream)
     if spec.kind == "router":

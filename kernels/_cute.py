@@ -200,15 +200,15 @@ class SiluMul:
 
 
 class Gemv:
-    """Small-batch ``y[M, N] = x[M, K] @ W[N, K]^T`` (+ ``residual``), M unrolled (<= 16).
+    """Small-batch ``y[M, N] = x[M, K] @ W[N, K]^T`` (+ ``residual``), M unrolled (<= 64).
 
     One CTA owns ``opb`` output rows over the whole K. Two main loops:
 
     * FMA (any M): each thread takes 8 bf16 of K per tile (``threads * 8`` per tile),
       float32 FMAs on CUDA cores; warp shuffle, then smem across warps.
-    * ``mma`` (any M <= 16): tensor cores, ``mma.sync.m16n8k16`` bf16 -> f32 with 16
+    * ``mma`` (any M <= 64): tensor cores, ``mma.sync.m16n8k16`` bf16 -> f32 with 16
       weight rows as A and 8 activation rows as B (fewer rows: the missing columns are
-      zeros; 9-16 rows: two tiles of 8), so neither side is converted to float32
+      zeros; more: one tile per 8 rows), so neither side is converted to float32
       and one 16-byte x load serves 16 outputs. Each warp takes every ``warps``-th
       32-wide K chunk (the CTA's warps split K); the partial 16x8 tiles are summed in smem.
 
@@ -309,7 +309,8 @@ class Gemv:
         MT: cutlass.Constexpr = self.OPB // 16
         NT: cutlass.Constexpr = (self.M + 7) // 8  # token tiles of 8 (the MMA's n)
         NC: cutlass.Constexpr = self.K // (32 * self.W)  # chunks per warp
-        U: cutlass.Constexpr = 4  # chunks whose loads are issued together
+        # chunks whose loads are issued together (fewer with many token tiles: registers)
+        U: cutlass.Constexpr = 4 if NT <= 2 else 2
         ld_x = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
         ld_w = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))

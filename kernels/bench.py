@@ -44,6 +44,7 @@ from agentload.kernels.presets import (
     gemv_variants,
     norm_variants,
 )
+from agentload.kernels.specs import GEMV_MAX_ROWS
 
 _BF16 = torch.bfloat16
 Fn = Callable[[], Any]
@@ -388,6 +389,57 @@ def bench_oproj(rep: Report, cfg: LayerConfig, batch: int) -> None:
            kernel_count(partial(torch_chain, 0)))
 
 
+def bench_experts(rep: Report, cfg: LayerConfig, batch: int) -> None:
+    """The MoE experts of one step (gate/up + SiLU, down; routed + shared) on router-like
+    ids: ours grouped by expert (``expert_gemm``; the per-row ``grouped_gemv`` as a second
+    row at <= 16 rows) against torch's gather-or-mask experts; bytes = experts touched."""
+    from agentload.kernels.layer import experts_torch
+
+    h, i, s, e = cfg.hidden, cfg.inter, cfg.slots, cfg.experts + 1
+    g = torch.Generator().manual_seed(batch)
+    rows = [[*torch.randperm(cfg.experts, generator=g)[:cfg.topk].tolist(), cfg.experts]
+            for _ in range(batch)]
+    ids = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    wts = torch.rand(batch, s, device="cuda")
+    flat_ids, flat_w, ids_long = ids.view(-1), wts.view(-1), ids.long()
+    x = torch.randn(batch, h, device="cuda").to(_BF16)
+    wgu = (torch.randn(e, 2 * i, h, device="cuda") * h ** -0.5).to(_BF16)
+    wd = (torch.randn(e, h, i, device="cuda") * i ** -0.5).to(_BF16)
+    act, y = _poisoned((batch * s, i)), _poisoned((batch * s, h))
+    distinct = int(ids.unique().numel())
+    nbytes = distinct * 3 * h * i * 2 + batch * h * 2 * (1 + s)
+    want = experts_torch(cfg, wgu, wd, x, ids.long(), wts).float().sum(1)
+
+    def ours() -> Any:
+        ops.expert_gemm(x, wgu, flat_ids, flat_w, silu=True, div=s, tokens=batch, slots=s,
+                        out=act)
+        return ops.expert_gemm(act, wd, flat_ids, flat_w, silu=False, div=1, tokens=batch,
+                               slots=s, out=y)
+
+    def per_row() -> Any:
+        ops.grouped_gemv(x, wgu, flat_ids, flat_w, silu=True, div=s, out=act)
+        return ops.grouped_gemv(act, wd, flat_ids, flat_w, silu=False, div=1, out=y)
+
+    def torch_experts() -> Any:
+        return experts_torch(cfg, wgu, wd, x, ids_long, wts)
+
+    tt = graph_us([torch_experts])
+    kt = kernel_count(torch_experts)
+    runs = [("experts (grouped, mma)", ours)] if batch >= 2 else []
+    if batch <= GEMV_MAX_ROWS:
+        runs.append(("experts (per-row gemv)", per_row))
+    for name, fn in runs:
+        try:
+            fn()
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip {name} b{batch}: {str(exc)[:120]}", flush=True)
+            continue
+        got = y.view(batch, s, h).float().sum(1)
+        rep.check(f"{name} b{batch}", reference.rel_err(got, want), reference.BF16_TOL)
+        rep.op(name, batch, nbytes, graph_us([fn]), tt, 2, kt,
+               note=f"{distinct - 1} routed experts + shared")
+
+
 #: Decode attention cases: (batch, context); 16 query heads over 4 KV heads of 128, pages of 16.
 ATTN_CASES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (64, 4096), (64, 32768))
 ATTN_HEADS = (16, 4, 128, 16)  # query heads, KV heads, head dim, page
@@ -512,9 +564,14 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             fus_g = graph_us([stack("fused")], min_calls=1) / depth
             k_std = kernel_count(partial(layers[0].standard, x0, r0, kv0))
             k_fus = kernel_count(partial(layers[0].fused, x0, r0, kv0))
-            nbytes = cfg.step_bytes(b, ctx)
+            # SoL counts the experts this traffic actually routed to (mean over the stack)
+            stack("fused")()
+            routed = sum(int(lay.last_ids[:, :cfg.topk].unique().numel()) for lay in layers
+                         if lay.last_ids is not None) / depth
+            nbytes = cfg.step_bytes(b, ctx, routed=routed)
             sol = nbytes / (gb * 1e9) * 1e6
-            row = {"batch": b, "context": ctx, "weight_bytes": cfg.weight_bytes_touched(b),
+            row = {"batch": b, "context": ctx, "routed_experts": routed,
+                   "weight_bytes": cfg.weight_bytes_touched(b, routed=routed),
                    "kv_bytes": cfg.kv_bytes_read(b, ctx), "step_bytes": nbytes, "sol_us": sol,
                    "standard_eager_us": std_e, "standard_graph_us": std_g,
                    "fused_eager_us": fus_e, "fused_graph_us": fus_g, "compile_us": None,
@@ -638,6 +695,7 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
             for i in SILU_INTER:
                 bench_silu(rep, i, b)
             bench_router(rep, cfg, b)
+            bench_experts(rep, cfg, b)
             if b <= 16:
                 bench_oproj(rep, cfg, b)
         for b, ctx in ATTN_CASES:
@@ -650,7 +708,7 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
     if not ops_only:
         layers = bench_layers(rep, cfg, batches, depth)
         if trace_dir is not None:
-            for b in (1, 8):
+            for b in (1, 8, 64):
                 ctx = CONTEXTS[0]
                 path = capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}.json", ctx)
                 table = layer_table(path)

@@ -17,11 +17,15 @@ residual stream, which :meth:`MoELayer.result` gives for comparisons. Each call 
 in an NVTX range and a ``record_function`` range named ``layer<i>.<path>`` so traces
 attribute kernels to layers (the profiler room reads those ranges).
 
-The fused path uses this room's kernels (7 launches at batch <= 16, 8 when the context
-is split over CTAs and needs the attention combine). Above 16 rows the FP32-FMA GEMVs
-lose to tensor cores, so the projections and experts use cuBLAS there (with this room's
-add+RMSNorm, attention, router and SiLU-and-mul kernels around them). The standard path
-appends to the cache with ``index_copy_``, gathers each sequence's pages and calls SDPA.
+The fused path uses this room's kernels at batch <= 64: seven launches at batch <= 16,
+eight when the context is split over CTAs and needs the attention combine. At batch
+<= 16 the o-projection carries the residual add and the post-attention RMSNorm (its last
+CTA normalizes); above, the norm is its own launch (eight), and the attention's chunks
+grow to whole contexts once the sequences fill the GPU, so no combine is needed there.
+From batch 2 the experts are grouped by expert on the GPU (``expert_gemm``: each
+expert's weights read once); at batch 1, one CTA per slot row (``grouped_gemv``). Above
+64 rows the projections and experts use cuBLAS. The standard path appends to the cache
+with ``index_copy_``, gathers each sequence's pages and calls SDPA.
 Without a :class:`KVState` a step attends to its own token only (context 1).
 """
 
@@ -35,7 +39,7 @@ import torch
 
 from agentload.kernels import ops, reference
 from agentload.kernels.presets import LayerConfig
-from agentload.kernels.specs import GEMV_MAX_ROWS
+from agentload.kernels.specs import GEMV_MAX_ROWS, MMA_MAX_ROWS
 
 _BF16 = torch.bfloat16
 
@@ -103,7 +107,10 @@ class MoELayer:
                  index: int = 0, dtype: torch.dtype = _BF16) -> None:
         self.cfg, self.index = cfg, index
         self.last_ids: torch.Tensor | None = None  #: routed ids of the last call (checks)
-        self.pdl = True  #: fused path at <= 16 rows: programmatic dependent launches
+        self.pdl = True  #: fused path at <= 64 rows: programmatic dependent launches
+        #: from this batch the experts run on :func:`ops.expert_gemm` (grouped by expert,
+        #: tensor cores); below it on :func:`ops.grouped_gemv` (one CTA per slot row)
+        self.expert_gemm_from = 2
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -159,33 +166,51 @@ class MoELayer:
         m = residual.shape[0]
         kv = kv or self._first_token(m, residual.device)
         with layer_range(f"layer{self.index}.fused"):
+            if m > MMA_MAX_ROWS:
+                return self._fused_cublas(x_slots, residual, kv)
+            # Seven to nine launches, each a PDL dependent of the one before (see ops).
+            p = self.pdl
+            xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, pdl=p)
+            qkv = ops.gemv(xn, self.wqkv, pdl=p)
+            attn = self._attention(qkv, kv, p)
             if m <= GEMV_MAX_ROWS:
-                # Seven or eight launches, each a PDL dependent of the one before (see ops).
-                p = self.pdl
-                xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, pdl=p)
-                qkv = ops.gemv(xn, self.wqkv, pdl=p)
-                attn = self._attention(qkv, kv, p)
                 h, hn = ops.oproj_residual_rmsnorm(attn, self.wo, h0, self.w_post, cfg.eps,
                                                    pdl=p)
-                _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
-                                             groups=cfg.groups, topk_group=cfg.topk_group,
-                                             scale=cfg.routed_scale, shared=True, pdl=p)
-                self.last_ids = ids
-                flat_ids, flat_w = ids.view(-1), wts.view(-1)
+            else:
+                # the fused norm's last CTA would re-read every row alone: its own launch
+                o = ops.gemv(attn, self.wo, pdl=p)
+                hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps, pdl=p)
+            _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
+                                         groups=cfg.groups, topk_group=cfg.topk_group,
+                                         scale=cfg.routed_scale, shared=True, pdl=p)
+            self.last_ids = ids
+            flat_ids, flat_w = ids.view(-1), wts.view(-1)
+            if m < self.expert_gemm_from:
                 act = ops.grouped_gemv(hn, self.w_gu, flat_ids, flat_w, silu=True,
                                        div=cfg.slots, pdl=p)
                 y = ops.grouped_gemv(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
                                      pdl=p)
-                return y.view(m, cfg.slots, cfg.hidden), h
-            xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
-            qkv = xn @ self.wqkv.T
-            o = self._attention(qkv, kv, False) @ self.wo.T
-            hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
-            _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
-                                         groups=cfg.groups, topk_group=cfg.topk_group,
-                                         scale=cfg.routed_scale, shared=True)
-            self.last_ids = ids
-            return self._experts_dense_fused(hn, ids, wts), h
+            else:
+                act = ops.expert_gemm(hn, self.w_gu, flat_ids, flat_w, silu=True,
+                                      div=cfg.slots, tokens=m, slots=cfg.slots, pdl=p)
+                y = ops.expert_gemm(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
+                                    tokens=m, slots=cfg.slots, pdl=p)
+            return y.view(m, cfg.slots, cfg.hidden), h
+
+    def _fused_cublas(self, x_slots: torch.Tensor, residual: torch.Tensor, kv: KVState
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Above 64 rows: cuBLAS projections and experts around this room's norm,
+        attention and router kernels."""
+        cfg = self.cfg
+        xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps)
+        qkv = xn @ self.wqkv.T
+        o = self._attention(qkv, kv, False) @ self.wo.T
+        hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps)
+        _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
+                                     groups=cfg.groups, topk_group=cfg.topk_group,
+                                     scale=cfg.routed_scale, shared=True)
+        self.last_ids = ids
+        return self._experts_dense_fused(hn, ids, wts), h
 
     def _experts_dense_fused(self, hn: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
                              ) -> torch.Tensor:

@@ -23,6 +23,7 @@ from agentload.kernels.specs import (
     attention_combine_spec,
     check_dims,
     decode_attention_spec,
+    expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
@@ -109,9 +110,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
          out: torch.Tensor | None = None, opb: int | None = None,
          threads: int | None = None, pdl: bool = False, mma: bool | None = None
          ) -> torch.Tensor:
-    """``x @ w.T (+ residual)`` for ``x`` ``[M <= 16, K]`` (rows may be strided) and ``w``
+    """``x @ w.T (+ residual)`` for ``x`` ``[M <= 64, K]`` (rows may be strided) and ``w``
     ``[N, K]`` bf16; one kernel, weights streamed once. Returns ``[M, N]`` bf16.
-    ``mma`` forces the tensor-core (8 rows) or the FMA loop; None picks (specs.gemv_spec)."""
+    ``mma`` forces the tensor-core or the FMA loop (<= 16 rows); None picks
+    (specs.gemv_spec: tensor cores at 8 and above 16 rows)."""
     _check(x, "x", _BF16, (None, None), row_stride_ok=True)
     m, k = x.shape
     _check(w, "w", _BF16, (None, k))
@@ -170,6 +172,32 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
     if x.shape[0] * div < r:
         raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
     spec = grouped_gemv_spec(k, n, e, div=div, silu=silu, pdl=pdl)
+    y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
+    _cache.get(spec)(x, w, ids, scale, y)
+    return y
+
+
+def expert_gemm(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
+                *, silu: bool, div: int, tokens: int, slots: int,
+                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """:func:`grouped_gemv`'s rows on tensor cores, grouped by expert on the GPU.
+
+    ``ids``/``scale`` are the router's flattened ``[M * slots]`` slots; ``tokens`` bounds
+    the rows any one expert receives (the batch ``M``; it picks the compiled variant).
+    Each CTA gathers its expert's rows itself, so every expert's weights are read once.
+    """
+    _check(x, "x", _BF16, (None, None))
+    k = x.shape[1]
+    _check(w, "w", _BF16, (None, None, k))
+    e, n, _ = w.shape
+    _check(ids, "ids", torch.int32, (None,))
+    r = ids.shape[0]
+    _check(scale, "scale", torch.float32, (r,))
+    if r > tokens * slots:
+        raise KernelsError(f"{r} slot rows exceed tokens {tokens} x slots {slots}")
+    if x.shape[0] * div < r:
+        raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
+    spec = expert_gemm_spec(k, n, e, tokens=tokens, slots=slots, div=div, silu=silu, pdl=pdl)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
     _cache.get(spec)(x, w, ids, scale, y)
     return y

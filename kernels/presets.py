@@ -11,19 +11,18 @@ from dataclasses import dataclass
 from agentload.kernels.specs import (
     ATTN_CHUNKS,
     GEMV_MAX_ROWS,
+    MMA_MAX_ROWS,
     KernelSpec,
     add_rmsnorm_spec,
     attention_chunk,
     attention_combine_spec,
     decode_attention_spec,
+    expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
     silu_mul_spec,
 )
-
-BATCHES = (1, 8, 64)
-
 
 BATCHES = (1, 8, 64)
 CONTEXTS = (4096, 32768)  #: tokens of context per sequence in the layer benchmark
@@ -67,21 +66,27 @@ class LayerConfig:
         """KV-cache bytes one decode step reads at ``context`` tokens per sequence."""
         return batch * context * self.kv_heads * self.head_dim * 2 * 2
 
-    def step_bytes(self, batch: int, context: int) -> int:
-        """The step's speed-of-light bytes: weights touched plus KV bytes read."""
-        return self.weight_bytes_touched(batch) + self.kv_bytes_read(batch, context)
+    def step_bytes(self, batch: int, context: int, *, routed: float | None = None) -> float:
+        """The step's speed-of-light bytes: weights touched plus KV bytes read (``routed``:
+        the distinct routed experts the step actually chose, see weight_bytes_touched)."""
+        return (self.weight_bytes_touched(batch, routed=routed)
+                + self.kv_bytes_read(batch, context))
 
     @property
     def slots(self) -> int:
         """Expert rows per token: the routed top-k plus the shared expert."""
         return self.topk + 1
 
-    def weight_bytes_touched(self, batch: int) -> int:
-        """bf16 weight bytes one decode step must read at least once at ``batch``."""
+    def weight_bytes_touched(self, batch: int, *, routed: float | None = None) -> float:
+        """bf16 weight bytes one decode step must read at least once at ``batch``:
+        the dense weights, the shared expert and each distinct routed expert once.
+        ``routed`` is the number of distinct routed experts the step chose (a measured
+        mean over layers, so possibly fractional); by default every token's top-k is
+        assumed distinct (``min(experts, batch * topk)``)."""
         h, i = self.hidden, self.inter
         dense = (h * self.qkv_out + h * h + self.experts * h) * 2
         expert = (h * 2 * i + i * h) * 2
-        distinct = min(self.experts, batch * self.topk)  # best case: tokens share experts
+        distinct = min(self.experts, batch * self.topk) if routed is None else routed
         return dense + expert * (1 + distinct) + 2 * h * 2  # + the two norm weights
 
     def attention_specs(self, batch: int, context: int, *, pdl: bool) -> list[KernelSpec]:
@@ -101,27 +106,36 @@ class LayerConfig:
                router_spec(h, self.experts, self.topk, self.groups, self.topk_group,
                            self.routed_scale, shared=True)]
         for context in (1, *CONTEXTS):  # 1: a first token (the cache holds only it)
-            out += self.attention_specs(batch, context, pdl=batch <= GEMV_MAX_ROWS)
-        if batch <= GEMV_MAX_ROWS:
+            out += self.attention_specs(batch, context, pdl=batch <= MMA_MAX_ROWS)
+        if batch <= MMA_MAX_ROWS:
+            e = self.experts + 1
             for pdl in (False, True):  # plain (op tests) and PDL (the fused layer)
                 out += [add_rmsnorm_spec(h, self.slots, pdl=pdl),
                         router_spec(h, self.experts, self.topk, self.groups,
                                     self.topk_group, self.routed_scale, shared=True, pdl=pdl),
-                        gemv_spec(h, self.qkv_out, batch, pdl=pdl),
-                        gemv_spec(h, h, batch, residual=True, fuse_norm=True, pdl=pdl),
-                        grouped_gemv_spec(h, 2 * self.inter, self.experts + 1,
-                                          div=self.slots, silu=True, pdl=pdl),
-                        grouped_gemv_spec(self.inter, h, self.experts + 1, div=1, silu=False,
-                                          pdl=pdl)]
-        else:
-            out.append(silu_mul_spec(self.inter))
+                        gemv_spec(h, self.qkv_out, batch, pdl=pdl)]
+                if batch <= GEMV_MAX_ROWS:
+                    out += [gemv_spec(h, h, batch, residual=True, fuse_norm=True, pdl=pdl),
+                            grouped_gemv_spec(h, 2 * self.inter, e, div=self.slots, silu=True,
+                                              pdl=pdl),
+                            grouped_gemv_spec(self.inter, h, e, div=1, silu=False, pdl=pdl)]
+                else:
+                    out += [gemv_spec(h, h, batch, pdl=pdl), add_rmsnorm_spec(h, 1, pdl=pdl)]
+                if batch >= 2:
+                    out += [expert_gemm_spec(h, 2 * self.inter, e, tokens=batch,
+                                             slots=self.slots, div=self.slots, silu=True,
+                                             pdl=pdl),
+                            expert_gemm_spec(self.inter, h, e, tokens=batch, slots=self.slots,
+                                             div=1, silu=False, pdl=pdl)]
+            return out
+        out.append(silu_mul_spec(self.inter))
         return out
 
 
 #: Shapes of the per-op benchmark: (name, K, N) GEMVs and the hidden sizes of the norms.
 GEMV_SHAPES = (("gemv 7168x16384", 7168, 16384), ("gemv 16384x7168", 16384, 7168),
                ("gemv 2048x6144", 2048, 6144))
-GEMV_ROWS = (1, 2, 4, 8, 12, 16)
+GEMV_ROWS = (1, 2, 4, 8, 12, 16, 32, 64)
 NORM_HIDDEN = (2048, 7168)
 SILU_INTER = (1024, 18432)
 NORM_CLUSTERS = (1, 2, 4)
@@ -133,13 +147,13 @@ def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
     # opb 8 at 8 rows halves the activation re-reads from L2 (each CTA reads all of x:
     # rows/opb bytes of x per weight byte) at the price of 64 accumulators per thread.
     for threads, opb in ((128, 4), (128, 8), (256, 4), (64, 8), (256, 8)):
-        if k % (threads * 8) or n % opb or rows * opb > threads:
+        if rows > GEMV_MAX_ROWS or k % (threads * 8) or n % opb or rows * opb > threads:
             continue
         if rows < 8 and (threads, opb) == (256, 8):
             continue
         out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=False))
     # tensor cores at every row count: 16 or 32 outputs per CTA, K split over its warps
-    if rows <= GEMV_MAX_ROWS:
+    if rows <= MMA_MAX_ROWS:
         for threads, opb in ((128, 16), (64, 16), (256, 16), (256, 32)):
             if k % threads == 0 and n % opb == 0:
                 out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=True))

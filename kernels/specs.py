@@ -16,14 +16,17 @@ from typing import Literal
 from agentload.kernels.errors import KernelsError
 
 Kind = Literal["add_rmsnorm", "silu_mul", "gemv", "grouped_gemv", "router", "decode_attn",
-               "attn_combine"]
+               "attn_combine", "expert_gemm"]
 VEC = 8  #: bf16 values per 16-byte access
 GEMV_MAX_ROWS = 16  #: above this batch the FP32-FMA GEMV loses to tensor cores
 MMA_ROWS = 8  #: the tensor-core GEMV's batch: the n = 8 of mma.sync m16n8k16
+MMA_MAX_ROWS = 64  #: tensor-core GEMV and expert GEMM: up to 8 token tiles of 8
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
 ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
 ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
-ATTN_CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096)  #: split-KV chunk lengths compiled
+#: Split-KV chunk lengths compiled. The long ones serve batches whose sequences and KV
+#: heads alone fill the GPU: one chunk per sequence, no combine kernel.
+ATTN_CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +117,15 @@ def gemv_spec(k: int, n: int, rows: int, *, residual: bool = False,
     """Small-batch GEMV ``[rows, k] @ [n, k]^T``; optional residual and fused RMSNorm.
 
     ``mma`` picks the tensor-core main loop (any row count: fewer than 8 rows pad the
-    MMA's 8 columns with zeros, 9-16 take two tiles; the default at 8 rows whenever the
-    shape allows it: 16 outputs per CTA, 128 threads); the FMA loop otherwise.
+    MMA's 8 columns with zeros, more take one tile per 8 rows; the default at 8 rows
+    whenever the shape allows it, and the only loop above 16 rows: 16 outputs per CTA,
+    128 threads); the FMA loop otherwise.
     """
-    if not 1 <= rows <= GEMV_MAX_ROWS:
-        raise KernelsError(f"GEMV handles 1..{GEMV_MAX_ROWS} rows, got {rows}")
+    if not 1 <= rows <= MMA_MAX_ROWS or (rows > GEMV_MAX_ROWS and mma is False):
+        raise KernelsError(f"GEMV handles 1..{GEMV_MAX_ROWS} rows (1..{MMA_MAX_ROWS} on "
+                           f"tensor cores), got {rows}")
+    if rows > GEMV_MAX_ROWS:
+        mma = True
     if mma is None:
         mma = (rows == MMA_ROWS and opb in (None, 16, 32) and threads in (None, 64, 128, 256)
                and k % (threads or 128) == 0 and n % (opb or 16) == 0)
@@ -161,6 +168,31 @@ def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,
     if n_out % opb:
         raise KernelsError(f"output width {n_out} must be a multiple of {opb}")
     return _spec("grouped_gemv", pdl, k=k, n=n, e=experts, t=t, opb=opb, div=div, silu=silu)
+
+
+def expert_gemm_spec(k: int, n: int, experts: int, *, tokens: int, slots: int, div: int,
+                     silu: bool, threads: int = 128, pdl: bool = False) -> KernelSpec:
+    """Tensor-core expert GEMM over rows grouped by expert (up to ``tokens`` per expert).
+
+    The same rows as :func:`grouped_gemv_spec` (``slots`` per token, ``div`` rows per x
+    row), but one CTA per (16 weight rows, expert) gathers its expert's rows from the
+    router's ids itself, so each expert's weights are read once per step whatever the
+    batch. ``tokens`` is rounded up to whole MMA tiles of 8.
+    """
+    if not 1 <= tokens <= MMA_MAX_ROWS:
+        raise KernelsError(f"expert GEMM takes 1..{MMA_MAX_ROWS} tokens per expert, got {tokens}")
+    if threads % 32 or not 32 <= threads <= 1024 or k % threads:
+        raise KernelsError(f"expert GEMM: K {k} must be a multiple of the threads {threads} "
+                           "(a multiple of 32)")
+    if silu and (n % 2 or (n // 2) % 8):
+        raise KernelsError(f"expert GEMM: gate/up width {n} must be 2 x a multiple of 8")
+    if not silu and n % 16:
+        raise KernelsError(f"expert GEMM: output width {n} must be a multiple of 16")
+    if slots < 1 or div not in (1, slots):
+        raise KernelsError(f"expert GEMM: div must be 1 or the slots {slots}, got {div}")
+    m = -(-tokens // 8) * 8
+    return _spec("expert_gemm", pdl, k=k, n=n, e=experts, m=m, s=slots, t=threads, div=div,
+                 silu=silu)
 
 
 def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: int,

@@ -97,9 +97,9 @@ def test_gemv_8_rows_tensor_core_and_fma_variants(threads: int, opb: int, mma: b
     assert ref.rel_err(y[3], ref.gemv(x, w)[3]) < ref.BF16_TOL
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 12, 16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 12, 16, 20, 64])
 def test_gemv_tensor_cores_at_every_row_count(rows: int) -> None:
-    # Fewer than 8 rows pad the MMA's columns with zeros; 12 and 16 take two tiles of 8:
+    # Fewer than 8 rows pad the MMA's columns with zeros; more take a tile per 8 rows:
     # each row checked on its own, scaled apart, so a row lost or swapped shows.
     k, n = 7168, 16384
     x = (torch.randn(rows, k, device="cuda")
@@ -163,6 +163,44 @@ def test_grouped_gemv_silu_and_down() -> None:
         assert ref.rel_err(y[r:r + 1], want_y) < ref.BF16_TOL
 
 
+def router_like_ids(batch: int, cfg: LayerConfig, *, seed: int) -> torch.Tensor:
+    """``[batch * slots]`` slot ids as the router writes them: distinct routed experts per
+    token (drawn from the first half only, so some experts get no row at all), then the
+    shared expert."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [[*torch.randperm(cfg.experts // 2, generator=g)[:cfg.topk].tolist(), cfg.experts]
+            for _ in range(batch)]
+    return torch.tensor(rows, dtype=torch.int32, device="cuda").view(-1)
+
+
+@pytest.mark.parametrize(("batch", "tokens"), [(2, 2), (8, 8), (20, 64), (64, 64)])
+def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int) -> None:
+    # Grouped by expert on the GPU: every slot row must come out as its own expert's
+    # GEMV, whatever order the CTA gathered it in; (20, 64) runs fewer rows than compiled.
+    cfg = LayerConfig()
+    e, h, i, s = cfg.experts + 1, cfg.hidden, cfg.inter, cfg.slots
+    x = rnd(batch, h)
+    wgu, wd = rnd(e, 2 * i, h, scale=h ** -0.5), rnd(e, h, i, scale=i ** -0.5)
+    ids = router_like_ids(batch, cfg, seed=batch)
+    sc = torch.rand(batch * s, device="cuda")
+    act = ops.expert_gemm(x, wgu, ids, sc, silu=True, div=s, tokens=tokens, slots=s,
+                          out=nan(batch * s, i))
+    y = ops.expert_gemm(act, wd, ids, sc, silu=False, div=1, tokens=tokens, slots=s,
+                        out=nan(batch * s, h))
+    torch.cuda.synchronize()
+    for r in range(batch * s):
+        want_act = ref.silu_mul(ref.gemv(x[r // s:r // s + 1], wgu[int(ids[r])]))
+        assert ref.rel_err(act[r:r + 1], want_act) < ref.BF16_TOL, r
+        want_y = float(sc[r]) * ref.gemv(act[r:r + 1], wd[int(ids[r])])
+        assert ref.rel_err(y[r:r + 1], want_y) < ref.BF16_TOL, r
+    # the same rows through the per-row kernel agree
+    if batch <= 16:
+        act2 = ops.grouped_gemv(x, wgu, ids, sc, silu=True, div=s)
+        assert ref.rel_err(act2, act.double()) < ref.BF16_TOL
+    with pytest.raises(KernelsError, match="exceed"):
+        ops.expert_gemm(x, wgu, ids, sc, silu=True, div=s, tokens=batch - 1 or 1, slots=1)
+
+
 def test_kernels_are_cached_not_recompiled() -> None:
     x = rnd(4, 2048)
     ops.silu_mul(x)
@@ -188,7 +226,7 @@ def test_kernel_runs_inside_cuda_graph() -> None:
 
 def test_bad_shapes_raise_kernels_error() -> None:
     with pytest.raises(KernelsError, match="rows"):
-        ops.gemv(rnd(17, 2048), rnd(2048, 2048))
+        ops.gemv(rnd(65, 2048), rnd(2048, 2048))
     with pytest.raises(KernelsError, match="shape"):
         ops.add_rmsnorm(rnd(2, 2048), rnd(2, 1024), rnd(1024))
 
@@ -209,7 +247,7 @@ def test_layer_paths_match_reference(batch: int, context: int) -> None:
         assert off == 0  # routing differs from float64 only at near-ties
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("context", [1, 32768])
 def test_fused_layer_replays_in_a_cuda_graph(batch: int, context: int) -> None:
     cfg = LayerConfig()

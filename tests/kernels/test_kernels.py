@@ -16,6 +16,7 @@ from agentload.kernels.specs import (
     attention_combine_spec,
     check_dims,
     decode_attention_spec,
+    expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
     router_spec,
@@ -56,7 +57,7 @@ def test_shape_rules() -> None:
     with pytest.raises(KernelsError, match="multiple of 8"):
         add_rmsnorm_spec(2050)
     with pytest.raises(KernelsError, match=r"1\.\.16 rows"):
-        gemv_spec(2048, 2048, 17)
+        gemv_spec(2048, 2048, 17, mma=False)
     with pytest.raises(KernelsError, match="outputs per block"):
         gemv_spec(2048, 2046, 1)
     with pytest.raises(KernelsError, match="multiple of"):
@@ -96,6 +97,50 @@ def test_gemv_picks_tensor_cores_at_eight_rows() -> None:
     assert any("mma" in s.key() for s in gemv_variants(7168, 16384, 4))  # tried, not default
 
 
+def test_tensor_cores_take_17_to_64_rows() -> None:
+    spec = gemv_spec(2048, 3072, 64)
+    assert spec.key() == "gemv-k2048-n3072-m64-t128-opb16-res0-norm0-mma1"
+    assert gemv_spec(2048, 2048, 17).get("mma") is True
+    with pytest.raises(KernelsError, match=r"1\.\.64 on tensor cores"):
+        gemv_spec(2048, 2048, 65)
+    with pytest.raises(KernelsError, match="rows"):
+        gemv_spec(2048, 2048, 32, mma=False)  # the FMA loop unrolls rows: 16 at most
+    with pytest.raises(KernelsError, match="fused norm"):
+        gemv_spec(2048, 2048, 64, residual=True, fuse_norm=True)
+    assert not [s for s in gemv_variants(2048, 6144, 32) if "mma" not in s.key()]
+
+
+def test_expert_gemm_shape_rules() -> None:
+    spec = expert_gemm_spec(2048, 2048, 17, tokens=20, slots=3, div=3, silu=True)
+    # tokens round up to whole MMA tiles of 8; rows = tokens x slots sizes the gather
+    assert spec.key() == "expertgemm-k2048-n2048-e17-m24-s3-t128-div3-silu1"
+    assert expert_gemm_spec(1024, 2048, 17, tokens=64, slots=3, div=1, silu=False,
+                            pdl=True).key().endswith("div1-silu0-pdl1")
+    with pytest.raises(KernelsError, match=r"1\.\.64 tokens"):
+        expert_gemm_spec(2048, 2048, 17, tokens=65, slots=3, div=3, silu=True)
+    with pytest.raises(KernelsError, match="multiple of the threads"):
+        expert_gemm_spec(2112, 2048, 17, tokens=8, slots=3, div=3, silu=True)
+    with pytest.raises(KernelsError, match="multiple of 8"):
+        expert_gemm_spec(2048, 2050, 17, tokens=8, slots=3, div=3, silu=True)
+    with pytest.raises(KernelsError, match="multiple of 16"):
+        expert_gemm_spec(1024, 2056, 17, tokens=8, slots=3, div=1, silu=False)
+    with pytest.raises(KernelsError, match="div must be 1 or the slots"):
+        expert_gemm_spec(2048, 2048, 17, tokens=8, slots=3, div=2, silu=True)
+
+
+def test_fused_layer_variants_up_to_64_rows_are_compiled_ahead_of_time() -> None:
+    keys = {s.key() for s in bench_specs()}
+    cfg = LayerConfig()
+    for b in (8, 64):
+        for spec in cfg.specs(b):
+            assert spec.key() in keys
+    b64 = {s.kind for s in cfg.specs(64)}
+    # batch 64 runs on this room's kernels alone: no SiLU kernel (cuBLAS path) needed
+    assert {"gemv", "expert_gemm", "router", "add_rmsnorm", "decode_attn"} <= b64
+    assert "silu_mul" not in b64
+    assert "silu_mul" in {s.kind for s in cfg.specs(65)}
+
+
 def test_layer_bytes_match_the_anchor() -> None:
     cfg = LayerConfig()
     assert cfg.slots == 3
@@ -128,7 +173,9 @@ def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
     assert attention_chunk(1, 4, 32768) == 512
     assert attention_chunk(1, 4, 1000) == 64  # short: as many CTAs as the context allows
     assert attention_chunk(64, 4, 4096) == 4096  # the batch fills the GPU: one chunk each
-    assert attention_chunk(64, 4, 32768) == 4096  # the longest compiled chunk
+    # the sequences alone fill the GPU: one chunk per context, no combine kernel
+    assert attention_chunk(64, 4, 32768) == 32768
+    assert attention_chunk(8, 4, 32768) == 4096
     assert attention_chunk(8, 4, 4096) == 512
 
 
