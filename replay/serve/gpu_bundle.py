@@ -54,6 +54,9 @@ DROPPED = ("vllm_flash_attn/_vllm_fa2_C.abi3.so", "third_party/deep_gemm",
 PRUNED = ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so",
           "vllm_flash_attn/_vllm_fa3_C.abi3.so")
 TRANSFER_LIMIT = 64 * 2**20
+# Ray libraries `replay --ray` never imports (Ray Core is what places the shards), and
+# Ray's Java jars: 200 MB unpacked become ~30 MB compressed without them.
+RAY_DROPPED = ("jars", "rllib", "tune", "train", "serve", "data", "llm")
 
 _FATBIN_MAGIC = 0xBA55ED50
 _ELF_CUBIN = 2
@@ -67,6 +70,7 @@ class BundleError(ReplayError):
 class Requirements:
     vllm: list[str]
     agentload: list[str]
+    ray: list[str]
 
 
 def requirements() -> Requirements:
@@ -84,7 +88,8 @@ def requirements() -> Requirements:
             raise BundleError(f"gpu_requirements.txt: {line!r} is outside a [section]")
         else:
             current.append(line)
-    return Requirements(sections.get("vllm", []), sections.get("agentload", []))
+    return Requirements(sections.get("vllm", []), sections.get("agentload", []),
+                        sections.get("ray", []))
 
 
 def elf_section(data: bytes | bytearray, name: str) -> tuple[int, int]:
@@ -260,6 +265,23 @@ def pack_site(wheelhouse: Path, reqs: Requirements, agentload_wheel: Path, out: 
             "dummy_models": [m.name for m in models]}
 
 
+def pack_ray(wheelhouse: Path, reqs: Requirements, out: Path,
+             say: Callable[[str], None]) -> dict[str, Any]:
+    """``ray.tar.xz``: Ray Core and what the staged site lacks of its dependencies."""
+    wheels = [_wheel_for(wheelhouse, pin) for pin in reqs.ray]
+    with tempfile.TemporaryDirectory(prefix="agentload-ray-") as tmp:
+        root = Path(tmp)
+        say(f"installing {len(wheels)} wheels into the Ray load")
+        _pip(["install", "--no-deps", "--no-index", "--no-compile", "--quiet",
+              "--disable-pip-version-check", *_platform_args(), "--target",
+              str(root / "ray-site"), *map(str, wheels)])
+        for rel in RAY_DROPPED:
+            shutil.rmtree(root / "ray-site" / "ray" / rel, ignore_errors=True)
+        say("compressing ray.tar.xz")
+        _xz_tar(root, out / "ray.tar.xz", ["ray-site"])
+    return {"wheels": sorted(w.name for w in wheels), "dropped": list(RAY_DROPPED)}
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -269,30 +291,44 @@ def _sha256(path: Path) -> str:
 
 
 def build_bundle(out: Path, *, arch: int = 90, wheelhouse: Path | None = None,
+                 with_ray: bool = False, only_ray: bool = False,
                  say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Build both loads, ``stage.sh`` and ``bundle.json`` into ``out``; returns the manifest."""
+    """Build both loads (and ``ray.tar.xz`` when asked), ``stage.sh`` and ``bundle.json``
+    into ``out``; returns the manifest. ``only_ray`` adds the Ray load to a built bundle."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     wheelhouse = wheelhouse or out / "wheels"
     reqs = requirements()
-    download(wheelhouse, [f"vllm=={VLLM_VERSION}", *reqs.vllm, *reqs.agentload], say)
-    agentload_wheel = build_agentload_wheel(wheelhouse, say)
-    vllm_info = pack_vllm(_wheel_for(wheelhouse, f"vllm=={VLLM_VERSION}"), out, arch, say)
-    site_info = pack_site(wheelhouse, reqs, agentload_wheel, out, say)
+    manifest_path = out / "bundle.json"
+    if only_ray:
+        if not manifest_path.is_file():
+            raise BundleError(f"--only-ray adds to a built bundle, and {out} has no bundle.json")
+        manifest = json.loads(manifest_path.read_text())
+    else:
+        download(wheelhouse, [f"vllm=={VLLM_VERSION}", *reqs.vllm, *reqs.agentload], say)
+        agentload_wheel = build_agentload_wheel(wheelhouse, say)
+        vllm_info = pack_vllm(_wheel_for(wheelhouse, f"vllm=={VLLM_VERSION}"), out, arch, say)
+        site_info = pack_site(wheelhouse, reqs, agentload_wheel, out, say)
+        manifest = {"agentload": __version__, "vllm": VLLM_VERSION, "python": PYTHON_VERSION,
+                    "arch": f"sm_{arch}", "pieces": {}, "vllm_trim": vllm_info,
+                    "site": site_info}
+    names = [] if only_ray else ["vllm.tar.xz", "site.tar.xz"]
+    if with_ray or only_ray:
+        download(wheelhouse, reqs.ray, say)
+        manifest["ray"] = pack_ray(wheelhouse, reqs, out, say)
+        names.append("ray.tar.xz")
     stage = out / "stage.sh"
     stage.write_text(resources.files("agentload.replay.serve").joinpath("gpu_stage.sh").read_text())
     stage.chmod(0o755)
-    pieces = {}
-    for name in ("vllm.tar.xz", "site.tar.xz"):
+    pieces = manifest["pieces"]
+    for name in names:
         path = out / name
         size = path.stat().st_size
         pieces[name] = {"bytes": size, "sha256": _sha256(path)}
         flag = "" if size <= TRANSFER_LIMIT else "  (over one 64 MiB transfer)"
         say(f"  {name:12} {size / 2**20:6.1f} MiB{flag}")
-    manifest = {"agentload": __version__, "vllm": VLLM_VERSION, "python": PYTHON_VERSION,
-                "arch": f"sm_{arch}", "built_s": round(time.monotonic() - started, 1),
-                "pieces": pieces, "vllm_trim": vllm_info, "site": site_info}
-    (out / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    manifest["built_s"] = round(time.monotonic() - started, 1)
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     say(f"bundle written to {out} in {manifest['built_s']:.0f} s")
     return manifest
 
@@ -306,11 +342,16 @@ def bundle_command(
     wheelhouse: Annotated[Path | None, typer.Option(
         "--wheelhouse", help="Where pinned wheels are downloaded and cached (default "
         "OUTPUT/wheels); a filled one builds offline.")] = None,
+    with_ray: Annotated[bool, typer.Option(
+        "--with-ray", help="Also pack ray.tar.xz (Ray Core, ~30 MiB) for `--ray` runs on "
+        "the box.")] = False,
+    only_ray: Annotated[bool, typer.Option(
+        "--only-ray", help="Add ray.tar.xz to the bundle already in OUTPUT.")] = False,
 ) -> None:
     """Pack vLLM 0.26.0 and agentload for an offline GPU box (two loads under 64 MiB).
 
     Then, on the box: bash OUTPUT/stage.sh; . /tmp/agentload-gpu/env.sh; and run
     agentload there (docs/gpu.md).
     """
-    build_bundle(output, arch=arch, wheelhouse=wheelhouse,
+    build_bundle(output, arch=arch, wheelhouse=wheelhouse, with_ray=with_ray, only_ray=only_ray,
                  say=lambda line: typer.echo(line, err=True))

@@ -13,9 +13,12 @@ PREFIX=${2:-/tmp/agentload-gpu}
 mkdir -p "$PREFIX"
 t0=$(date +%s.%N)
 since() { python3 -c "import time; print(f'{time.time() - $t0:.1f} s')"; }
-for load in vllm site; do
+for load in vllm site ray; do
   archive="$BUNDLE/$load.tar.xz"
-  [ -f "$archive" ] || { echo "stage: $load.tar.xz not here (not carried in this call?)"; continue; }
+  if [ ! -f "$archive" ]; then  # ray.tar.xz is optional (gpu bundle --with-ray)
+    [ "$load" = ray ] || echo "stage: $load.tar.xz not here (not carried in this call?)"
+    continue
+  fi
   sum=$(sha256sum "$archive" | cut -c1-16)
   if [ "$(cat "$PREFIX/.$load.sha" 2>/dev/null)" = "$sum" ]; then
     echo "stage: $load already unpacked"; continue
@@ -46,8 +49,11 @@ print(f"stage: agentload from {src}")
 EOF
   path="$PREFIX/src:$path"
 fi
+# Ray's load goes after the site: where both hold a package, the site's pin wins.
+[ -f "$PREFIX/.ray.sha" ] && path="$path:$PREFIX/ray-site"
 cat > "$PREFIX/env.sh" <<EOF
 export PYTHONPATH="$path\${PYTHONPATH:+:\$PYTHONPATH}"
+export RAY_USAGE_STATS_ENABLED=0
 export AGENTLOAD_CACHE="$PREFIX/cache"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # FlashInfer is not in the bundle: vLLM samples with its own top-k/top-p kernels.
@@ -64,5 +70,8 @@ print(f"stage: import vllm {vllm.__version__} + agentload {agentload.__version__
       f"({time.time() - t:.1f} s); torch {torch.__version__},",
       torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
 EOF
+fi
+if [ -f "$PREFIX/.ray.sha" ]; then
+  "${PYTHON:-python3}" -c "import ray; print('stage: import ray', ray.__version__, 'ok')"
 fi
 echo "stage: done after $(since); now: . $PREFIX/env.sh"

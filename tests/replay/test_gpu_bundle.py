@@ -111,14 +111,15 @@ def test_agree_finds_the_dummy_presets_tokenizer(cache: Path) -> None:
     assert tokenizer_for("some-other-model").name.startswith("tiny-llama-")
 
 
-def test_requirements_are_exact_pins_in_two_sections() -> None:
+def test_requirements_are_exact_pins_in_three_sections() -> None:
     reqs = requirements()
-    pins = reqs.vllm + reqs.agentload
+    pins = reqs.vllm + reqs.agentload + reqs.ray
     assert all("==" in pin for pin in pins)
     names = [pin.split("==")[0] for pin in pins]
     assert len(names) == len(set(names))  # two versions of one package stop pip
     assert "apache_tvm_ffi==0.1.11" in reqs.vllm  # the xgrammar trap, kept on purpose
     assert {"polars", "textual", "httpx-aiohttp"} <= set(names)
+    assert [pin.split("==")[0] for pin in reqs.ray] == ["ray", "msgpack"]
 
 
 def _elf_with_fatbin(entries: list[tuple[int, int, bytes]]) -> tuple[bytearray, int]:
@@ -197,6 +198,24 @@ def test_stage_script_unpacks_each_load_once_and_checks_imports(tmp_path: Path) 
         ["bash", "-c", f". {shlex.quote(str(prefix / 'env.sh'))}; echo $AGENTLOAD_CACHE"],
         capture_output=True, text=True, check=True)
     assert sourced.stdout.strip() == str(prefix / "cache")
+
+
+def test_stage_script_puts_the_optional_ray_load_after_the_site(tmp_path: Path) -> None:
+    bundle, prefix = tmp_path / "bundle", tmp_path / "prefix"
+    bundle.mkdir()
+    _xz(bundle / "ray.tar.xz", {"ray-site/ray/__init__.py": "__version__ = '2.60.0'\n",
+                                "ray-site/msgpack/__init__.py": ""})
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(STAGE), str(bundle), str(prefix)], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "unpacked ray.tar.xz" in proc.stdout and "import ray 2.60.0 ok" in proc.stdout
+    assert "ray.tar.xz not here" not in proc.stdout
+    sourced = subprocess.run(
+        ["bash", "-c", f". {shlex.quote(str(prefix / 'env.sh'))}; echo $PYTHONPATH"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
+    parts = sourced.stdout.strip().split(":")
+    assert parts.index(str(prefix / "site")) < parts.index(str(prefix / "ray-site"))
 
 
 def test_stage_script_fails_loudly_when_an_import_breaks(tmp_path: Path) -> None:
