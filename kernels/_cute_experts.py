@@ -90,10 +90,11 @@ class ExpertGemm:
                 c = counts[idx]
                 if idx < j * NW + warp:
                     before = before + c
-            if hits[j]:
-                rows[before + cute.arch.popc(ballots[j] & below)] = j * T + tidx
+            pos = before + cute.arch.popc(ballots[j] & below)
+            if hits[j] and pos < self.M:  # more than M rows: ids repeat an expert in a token
+                rows[pos] = j * T + tidx
         cute.arch.sync_threads()
-        return total
+        return cutlass.min(total, self.M)
 
     @cute.jit
     def mma_loop(self, mX, mW, rows, part, count, e, n0, warp, lane):

@@ -97,7 +97,7 @@ def test_gemv_8_rows_tensor_core_and_fma_variants(threads: int, opb: int, mma: b
     assert ref.rel_err(y[3], ref.gemv(x, w)[3]) < ref.BF16_TOL
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 12, 16, 20, 64])
+@pytest.mark.parametrize("rows", [1, 2, 4, 12, 16, 32, 64])
 def test_gemv_tensor_cores_at_every_row_count(rows: int) -> None:
     # Fewer than 8 rows pad the MMA's columns with zeros; more take a tile per 8 rows:
     # each row checked on its own, scaled apart, so a row lost or swapped shows.
