@@ -406,7 +406,7 @@ def bench_experts(rep: Report, cfg: LayerConfig, batch: int) -> None:
     wgu = (torch.randn(e, 2 * i, h, device="cuda") * h ** -0.5).to(_BF16)
     wd = (torch.randn(e, h, i, device="cuda") * i ** -0.5).to(_BF16)
     act, y = _poisoned((batch * s, i)), _poisoned((batch * s, h))
-    distinct = int(ids.unique().numel())
+    distinct = len(set(ids.reshape(-1).tolist()))
     nbytes = distinct * 3 * h * i * 2 + batch * h * 2 * (1 + s)
     want = experts_torch(cfg, wgu, wd, x, ids.long(), wts).float().sum(1)
 
@@ -566,8 +566,9 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             k_fus = kernel_count(partial(layers[0].fused, x0, r0, kv0))
             # SoL counts the experts this traffic actually routed to (mean over the stack)
             stack("fused")()
-            routed = sum(int(lay.last_ids[:, :cfg.topk].unique().numel()) for lay in layers
-                         if lay.last_ids is not None) / depth
+            chosen = [len(set(lay.last_ids[:, :cfg.topk].reshape(-1).tolist()))
+                      for lay in layers if lay.last_ids is not None]
+            routed = sum(chosen) / max(len(chosen), 1)
             nbytes = cfg.step_bytes(b, ctx, routed=routed)
             sol = nbytes / (gb * 1e9) * 1e6
             row = {"batch": b, "context": ctx, "routed_experts": routed,

@@ -303,7 +303,7 @@ def build_bundle(out: Path, *, arch: int = 90, wheelhouse: Path | None = None,
     if only_ray:
         if not manifest_path.is_file():
             raise BundleError(f"--only-ray adds to a built bundle, and {out} has no bundle.json")
-        manifest = json.loads(manifest_path.read_text())
+        manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     else:
         download(wheelhouse, [f"vllm=={VLLM_VERSION}", *reqs.vllm, *reqs.agentload], say)
         agentload_wheel = build_agentload_wheel(wheelhouse, say)
