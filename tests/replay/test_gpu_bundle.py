@@ -27,6 +27,7 @@ from agentload.replay.serve.arms import ArmError, arm_server_spec, load_arms
 from agentload.replay.serve.dummy_models import PRESETS, dummy_model, ensure_dummy_model
 from agentload.replay.serve.gpu_bundle import (
     BundleError,
+    build_bundle,
     elf_section,
     prune_fatbin,
     requirements,
@@ -272,3 +273,10 @@ def test_source_root_is_the_checkout_that_holds_pyproject() -> None:
     root = source_root()
     assert (root / "pyproject.toml").is_file()
     assert (root / "replay" / "serve" / "gpu_bundle.py").is_file()
+
+
+def test_only_ray_needs_a_built_bundle_and_downloads_nothing_first(tmp_path: Path) -> None:
+    said: list[str] = []
+    with pytest.raises(BundleError, match=r"no bundle\.json"):
+        build_bundle(tmp_path / "empty", only_ray=True, say=said.append)
+    assert said == []  # refused before any download
