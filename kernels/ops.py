@@ -249,7 +249,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_len: int,
                      k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                      scale: float | None = None, chunk: int | None = None,
-                     out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pdl: bool = False,
+                     threads: int = 128, unroll: int = 4) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -260,7 +261,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     ``k_new, v_new [B, Hkv, D]``: the step's own key and value (token ``seq_lens - 1``),
     attended from there and appended to the cache in the same kernel. ``q``, ``k_new`` and
-    ``v_new`` may be column slices of the q/k/v projection's output.
+    ``v_new`` may be column slices of the q/k/v projection's output. ``threads`` and
+    ``unroll`` pick the CTA's tile (warps, and steps whose loads are issued together).
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -283,18 +285,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     splits = -(-max_len // c)
     direct = splits == 1
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
-                                 fresh=k_new is not None)
+                                 fresh=k_new is not None, threads=threads, unroll=unroll)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
-    if direct:
-        # one split: the grid's split count is part's third dim
-        part = _scratch("attn-part-dummy", q.device, torch.float32, d).view(1, 1, 1, d)
-        lse = _scratch("attn-lse-dummy", q.device, torch.float32, 1).view(1, 1, 1)
-    else:
-        part = _scratch(f"attn-part-{d}", q.device, torch.float32, b * hq * splits * d
-                        ).view(b, hq, splits, d)
-        lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits
-                       ).view(b, hq, splits)
+    # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that
+    # their batch and head dims match q's; the grid's split count is part's third dim).
+    part = _scratch(f"attn-part-{d}", q.device, torch.float32, b * hq * splits * d
+                    ).view(b, hq, splits, d)
+    lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits).view(b, hq, splits)
     kn = k_new if k_new is not None else q[:, :hkv]  # unread without fresh
     vn = v_new if v_new is not None else q[:, :hkv]
     _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn, qscale)

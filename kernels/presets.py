@@ -170,13 +170,25 @@ def norm_variants(hidden: int) -> list[KernelSpec]:
 ATTN_SHAPES = ((128, 4, 16), (128, 1, 16), (128, 8, 16))
 
 
+#: (threads, unroll) tiles the attention benchmark tries on the layer's shape: more warps
+#: or more steps per iteration put more KV loads in flight per CTA.
+ATTN_TILES = ((128, 4), (128, 8), (256, 4))
+
+
 def attention_variants() -> list[KernelSpec]:
-    """Every chunk length of each attention shape, direct and split, and their combines."""
+    """Every chunk length of each attention shape, direct and split, and their combines;
+    on the layer's shape also every tile of :data:`ATTN_TILES` and the ``fresh`` variants
+    (the step's own key and value from the projection) that the GPU tests call."""
     out: list[KernelSpec] = []
-    for d, g, p in ATTN_SHAPES:
+    for i, (d, g, p) in enumerate(ATTN_SHAPES):
         for c in ATTN_CHUNKS:
             for direct in (False, True):
-                out.append(decode_attention_spec(d, g, p, c, direct=direct))
+                tiles = ATTN_TILES if i == 0 else ATTN_TILES[:1]
+                for threads, unroll in tiles:
+                    out.append(decode_attention_spec(d, g, p, c, direct=direct,
+                                                     threads=threads, unroll=unroll))
+                if i == 0:
+                    out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True))
             out.append(attention_combine_spec(d, c))
     return out
 

@@ -315,7 +315,7 @@ def _run_child(path: Path, truth: Path, retain: bool = True,
     child_env = dict(os.environ)
     if retain:
         child_env.setdefault(POLARS_THP, "1")
-    out = subprocess.run([sys.executable, "-m", "agentload.profiler.bench", flag,
+    out = subprocess.run([sys.executable, "-P", "-m", "agentload.profiler.bench", flag,
                           str(path), str(truth)], capture_output=True, text=True, check=False,
                          env={**child_env, **(env or {})})
     if out.returncode:

@@ -60,7 +60,7 @@ def measure_playback(run_dir: Path, size: tuple[int, int] = (200, 60), speed: fl
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentload", "dashboard", str(run_dir), "--speed", str(speed),
+        [sys.executable, "-P", "-m", "agentload", "dashboard", str(run_dir), "--speed", str(speed),
          "--start", str(start_s), "--refresh", str(refresh_hz), "--stats", str(stats_path)],
         stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
         start_new_session=True)
@@ -129,7 +129,7 @@ REPLAY_KEYS: tuple[tuple[str, str, float], ...] = (
 def _replay_once(target: str, out: Path, dashboard: bool, args: list[str],
                  timeout_s: float = 600.0) -> dict[str, Any]:
     """One ``agentload replay`` run; with the dashboard it runs in an 100x30 pty."""
-    argv = [sys.executable, "-m", "agentload", "replay", str(demo_trace_path()),
+    argv = [sys.executable, "-P", "-m", "agentload", "replay", str(demo_trace_path()),
             "--target", target, "-o", str(out), "--no-report", *args]
     if not dashboard:
         subprocess.run([*argv, "--headless"], check=True, capture_output=True,

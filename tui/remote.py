@@ -47,7 +47,7 @@ class DashboardProcess:
         fd = child.fileno()
         os.set_inheritable(fd, True)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentload.tui.remote", str(fd), str(self.refresh_hz)],
+            [sys.executable, "-P", "-m", "agentload.tui.remote", str(fd), str(self.refresh_hz)],
             pass_fds=(fd,), close_fds=True)
         child.close()
         self._conn = Connection(parent.detach())

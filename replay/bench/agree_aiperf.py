@@ -154,7 +154,7 @@ def agentload_traffic_options(replay_help: str) -> tuple[str, ...]:
 def agentload_argv(*, url: str, model: str, trace: Path, users: int, duration_s: float,
                    seed: int, out: Path, options: tuple[str, ...]) -> list[str]:
     """``agentload replay``'s command line for one run."""
-    return [sys.executable, "-m", "agentload", "replay", str(trace), "--format", "weka",
+    return [sys.executable, "-P", "-m", "agentload", "replay", str(trace), "--format", "weka",
             "--target", url, "--model", model, "--users", str(users),
             "--duration", f"{duration_s:g}", "--seed", str(seed), "--no-report",
             "--headless", "-o", str(out), *options]
@@ -384,7 +384,7 @@ def agreement_aiperf(trace: Path, url: str | None = None, *, users: int = 4,
     if not trace.is_dir():
         raise ReplayError(f"--trace {trace}: must be a folder of WEKA session files "
                           "(AIPerf's weka_trace input)")
-    help_text = subprocess.run([sys.executable, "-m", "agentload", "replay", "--help"],
+    help_text = subprocess.run([sys.executable, "-P", "-m", "agentload", "replay", "--help"],
                                capture_output=True, text=True, check=False,
                                env={**os.environ, "COLUMNS": "200"}).stdout
     options = agentload_traffic_options(help_text)

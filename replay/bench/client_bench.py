@@ -116,7 +116,7 @@ def emulator(cfg: ClientBenchConfig, log: Path, cpu: int | None = None) -> Itera
     url = f"http://127.0.0.1:{port}"
     try:
         for i in range(procs_n):
-            argv = [sys.executable, "-m", "agentload.replay.bench.emulator", "--port",
+            argv = [sys.executable, "-P", "-m", "agentload.replay.bench.emulator", "--port",
                     str(port), "--ttft-ms", str(cfg.ttft_ms), "--itl-ms", str(cfg.itl_ms),
                     "--jitter-ms", str(cfg.jitter_ms), "--tokens-per-event",
                     str(cfg.tokens_per_event), "--nice", "-10", "--seed", str(i)]
@@ -133,9 +133,9 @@ def emulator(cfg: ClientBenchConfig, log: Path, cpu: int | None = None) -> Itera
         for i, check in enumerate(controls or [url]):
             while True:
                 if procs[i].poll() is not None:
-                    raise ReplayError(f"the emulator exited at start: {log.read_text()[-500:]}"
-                                      if procs_n == 1 else f"emulator process {i} exited at "
-                                      "start")
+                    own = log if procs_n == 1 else log.with_name(f"{log.stem}-{i}{log.suffix}")
+                    raise ReplayError(f"emulator process {i} exited at start: "
+                                      f"{own.read_text()[-500:].strip()}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(check + "/health", timeout=1).status_code == 200:
                         break

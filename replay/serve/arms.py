@@ -296,7 +296,7 @@ def serve_argv(arm: Arm, host: str, port: int, model_path: str | None = None,
     """
     settings = arm.settings
     if arm.embedded:
-        argv = [sys.executable, "-m", _API_SERVER_MODULE, "--model", str(model_path)]
+        argv = [sys.executable, "-P", "-m", _API_SERVER_MODULE, "--model", str(model_path)]
         defaults: dict[str, Any] = {
             "served_model_name": SERVED_MODEL_NAME, "dtype": "bfloat16",
             "max_model_len": EMBEDDED_MAX_MODEL_LEN, "block_size": EMBEDDED_BLOCK_SIZE,

@@ -11,7 +11,14 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PREFIX=/tmp/agentload-gpu
-EMU_PROCS=${EMU_PROCS:-6}; EMU_CPUS=${EMU_CPUS:-0-5}; CLIENT_CPUS=${CLIENT_CPUS:-6-15}
+# From the repository root, its front-door agentload/ folder would shadow the staged
+# package in every child python: safe paths everywhere.
+export PYTHONSAFEPATH=1
+# Default split of the CPUs this process may use: the first 6 for the emulator, the rest
+# for the clients (the cpuset need not start at 0).
+read -r first_cpu last_cpu < <(python3 -c "import os; c = sorted(os.sched_getaffinity(0)); print(c[0], c[-1])")
+EMU_PROCS=${EMU_PROCS:-6}; EMU_CPUS=${EMU_CPUS:-$first_cpu-$((first_cpu + 5))}
+CLIENT_CPUS=${CLIENT_CPUS:-$((first_cpu + 6))-$last_cpu}
 ITL_MS=${ITL_MS:-10}
 log() { echo "== $(date +%T) $*"; }
 AGENTLOAD_SRC=$PWD bash .gpu/stage.sh .gpu "$PREFIX" > "$OUT/stage.txt" 2>&1

@@ -115,8 +115,8 @@ def test_argv_is_exact() -> None:
     worker = serve_argv(arm, "127.0.0.1", 8123, node_rank=1)
     assert "--headless" in worker and worker[worker.index("--node-rank") + 1] == "1"
     off = serve_argv(load_arm(f"{CPU}:no-prefix-cache"), "127.0.0.1", 9, "/m")
-    assert off[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                       "/m"]
+    assert off[:6] == [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server",
+                       "--model", "/m"]
     assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
 
 
