@@ -23,6 +23,9 @@ ITL_MS=${ITL_MS:-10}
 log() { echo "== $(date +%T) $*"; }
 AGENTLOAD_SRC=$PWD bash .gpu/stage.sh .gpu "$PREFIX" > "$OUT/stage.txt" 2>&1
 . "$PREFIX/env.sh"
+# Out of the checkout: Ray puts the driver's working directory first on its workers'
+# sys.path, where the checkout's front-door agentload/ would shadow the staged package.
+cd /tmp
 { nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node0"; nvidia-smi -L; } > "$OUT/machine.txt" 2>&1
 common=(--emulator-procs "$EMU_PROCS" --emulator-cpus "$EMU_CPUS" --cpus "$CLIENT_CPUS"
         --itl-ms "$ITL_MS")
@@ -49,7 +52,7 @@ python3 -P -c "import json,sys; from agentload.replay.bench.client_bench import 
 if [ "${VS_VLLM:-1}" = 1 ]; then
   log "agentload (${VS_WORKERS:-8} workers) vs vllm bench serve at 1000 streams"
   timeout "${VS_LIMIT:-240}" python3 -P -m agentload bench client --streams 1000 \
-     --workers "${VS_WORKERS:-8}" "${common[@]}" --json > "$OUT/vs-vllm.json" 2> "$OUT/vs-vllm.txt"
+     --workers "${VS_WORKERS:-8}" "${common[@]}" --itl-ms "${VS_ITL_MS:-$ITL_MS}" --json > "$OUT/vs-vllm.json" 2> "$OUT/vs-vllm.txt"
   python3 -P -c "import json,sys; from agentload.replay.bench.client_bench import report_lines; print(chr(10).join(report_lines(json.load(open(sys.argv[1])))))" \
      "$OUT/vs-vllm.json" 2>&1 | tee -a "$OUT/vs-vllm.txt"
 fi
