@@ -278,13 +278,7 @@ class MoELayer:
         logits = (hn @ self.wr.to(f).T).double()
         ref_ids, _ = reference.router_select(logits, self.bias, cfg.topk, cfg.groups,
                                              cfg.topk_group, cfg.routed_scale)
-        sel = torch.sigmoid(logits) + self.bias.double()
-        m = sel.shape[0]
-        gs = sel.view(m, cfg.groups, -1).topk(2, dim=-1).values.sum(-1).sort(1, True).values
-        g_margin = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]
-                    if cfg.topk_group < cfg.groups else torch.full_like(gs[:, 0], 1e9))
-        es = sel.sort(1, True).values
-        e_margin = es[:, cfg.topk - 1] - es[:, cfg.topk]
+        g_margin, e_margin = selection_margins(cfg, torch.sigmoid(logits) + self.bias.double())
         differ = (ids[:, :cfg.topk].long().sort(1).values != ref_ids.sort(1).values).any(1)
         not_tie = differ & (g_margin >= tie) & (e_margin >= tie)
         return int(differ.sum()), int(not_tie.sum())
@@ -320,6 +314,27 @@ def select_torch(cfg: LayerConfig, bias: torch.Tensor, logits: torch.Tensor
     w = w / w.sum(-1, keepdim=True) * cfg.routed_scale
     shared_id = torch.full((m, 1), cfg.experts, dtype=ids.dtype, device=ids.device)
     return torch.cat([ids, shared_id], 1), torch.cat([w, torch.ones_like(w[:, :1])], 1)
+
+
+def selection_margins(cfg: LayerConfig, sel: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token, how far grouped top-k selection was from choosing otherwise: the gap
+    between the ``topk_group``-th and next group score, and between the ``topk``-th and
+    next expert score among the experts of the chosen groups (an expert of a group left
+    out never competes, so a gap to it is no tie)."""
+    m = sel.shape[0]
+    per_group = sel.view(m, cfg.groups, -1)
+    gscore = per_group.topk(2, dim=-1).values.sum(-1)
+    gs = gscore.sort(1, True).values
+    g_margin = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]
+                if cfg.topk_group < cfg.groups else torch.full_like(gs[:, 0], 1e9))
+    keep = torch.zeros_like(gscore, dtype=torch.bool)
+    keep.scatter_(1, gscore.topk(cfg.topk_group, dim=1).indices, True)
+    eligible = sel.masked_fill(~keep.repeat_interleave(cfg.experts // cfg.groups, 1),
+                               float("-inf"))
+    es = eligible.sort(1, True).values
+    e_margin = es[:, cfg.topk - 1] - es[:, cfg.topk]
+    return g_margin, e_margin
 
 
 def split_qkv(cfg: LayerConfig, qkv: torch.Tensor

@@ -279,3 +279,18 @@ def test_ops_reject_bad_inputs_before_any_gpu_work() -> None:
                  torch.zeros(8, 32, dtype=torch.bfloat16))
     with pytest.raises(KernelsError, match=r"must be a torch\.Tensor"):
         ops.silu_mul([1, 2])  # type: ignore[arg-type]
+
+
+def test_routing_tie_margins_count_only_experts_of_the_chosen_groups() -> None:
+    from agentload.kernels.layer import selection_margins
+
+    cfg = LayerConfig()  # 16 experts in 4 groups of 4, top-2 of the best 2 groups
+    sel = torch.full((1, 16), 0.1, dtype=torch.float64)
+    sel[0, 0:2] = torch.tensor([0.9, 0.5])    # group 0: 1.4
+    sel[0, 4:6] = torch.tensor([0.8, 0.79])   # group 1: 1.59
+    sel[0, 8:10] = torch.tensor([0.85, 0.2])  # group 2: 1.05, left out
+    g_margin, e_margin = selection_margins(cfg, sel)
+    assert abs(float(g_margin[0]) - (1.4 - 1.05)) < 1e-6
+    # 0.8 vs 0.79 decide the second expert: a near-tie, although the best score left out
+    # globally (0.85, of a group not chosen) is 0.05 from 0.8
+    assert abs(float(e_margin[0]) - 0.01) < 1e-6
