@@ -92,7 +92,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
         fn = _cute_attention.DecodeAttention(d, int(g("g")), int(g("p")), int(g("c")),
                                              int(g("t")), int(g("u")), bool(g("direct")),
-                                             bool(g("pdl", False)), bool(g("fresh", False)))
+                                             bool(g("pdl", False)), bool(g("fresh", False)),
+                                             bool(g("pipe", False)))
 
         def heads(n: Any) -> Any:  # [B, n, D] with any 16-byte-aligned batch stride
             return make_fake_tensor(BFloat16, (b, n, d), (cute.sym_int(divisibility=8), d, 1),

@@ -59,10 +59,11 @@ class DecodeAttention:
     """
 
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, threads: int,
-                 unroll: int, direct: bool, pdl: bool = False, fresh: bool = False) -> None:
+                 unroll: int, direct: bool, pdl: bool = False, fresh: bool = False,
+                 pipe: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         self.T, self.U = threads, unroll
-        self.direct, self.pdl, self.fresh = direct, pdl, fresh
+        self.direct, self.pdl, self.fresh, self.pipe = direct, pdl, fresh, pipe
         self.LT = head_dim // V  # lanes per token
         self.TPW = 32 // self.LT  # tokens per warp per step
         self.W = threads // 32
@@ -79,6 +80,31 @@ class DecodeAttention:
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
             grid=[splits, hkv, b], block=[self.T, 1, 1], smem=smem, stream=stream,
             use_pdl=self.pdl)
+
+    @cute.jit
+    def load_kv(self, mK, mV, mKN, mVN, mBT, b, kvh, li, base, slot, seq_len, kbuf, vbuf):
+        """This lane's 16 bytes of key and value of each of the iteration's ``U`` tokens
+        (token ``base + u * NS + slot``) into rows of ``kbuf`` / ``vbuf``."""
+        ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        ld_kv = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
+        for u in cutlass.range_constexpr(self.U):
+            tok = base + u * self.NS + slot
+            # past the end: a valid address, masked by the caller
+            tc = cutlass.min(tok, seq_len - 1)
+            pi = tc // self.P
+            page = mBT[b, pi]
+            off = tc - pi * self.P
+            if cutlass.const_expr(self.fresh):
+                # the step's own token: from the projection, not (yet) the cache
+                if tok == seq_len - 1:
+                    cute.copy(ld_q, _head_vec(mKN, b, kvh, li), kbuf[u, None])
+                    cute.copy(ld_q, _head_vec(mVN, b, kvh, li), vbuf[u, None])
+                else:
+                    cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kbuf[u, None])
+                    cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vbuf[u, None])
+            else:
+                cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kbuf[u, None])
+                cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vbuf[u, None])
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBT: cute.Tensor,
@@ -98,7 +124,6 @@ class DecodeAttention:
         li = lane - sub * LT  # this lane's 8-wide slice of the head dimension
         slot = warp * self.TPW + sub  # this lane group's token slot in the CTA
         ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
-        ld_kv = _vec_atom(cute.nvgpu.LoadCacheMode.STREAMING)
         smem = cutlass.utils.SmemAllocator()
         s_acc = smem.allocate_tensor(
             Float32, cute.make_layout((NS, G, D), stride=(G * D, D, 1)), byte_alignment=16)
@@ -136,39 +161,33 @@ class DecodeAttention:
                     st = _vec_atom()
                     cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
                     cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
+            kbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
+            vbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
+            if cutlass.const_expr(self.pipe):
+                self.load_kv(mK, mV, mKN, mVN, mBT, b, kvh, li, t0, slot, seq_len, kbuf, vbuf)
             for it in cutlass.range(self.NIT):
                 base = t0 + it * (NS * U)
                 if base < stop:
-                    # Every load of the iteration first (keys and values of U tokens), then math.
-                    ks = []
-                    vs = []
+                    # Every load of the iteration first (keys and values of U tokens), then
+                    # math; with pipe, this iteration's were issued during the last one's
+                    # math, and the next iteration's go out now.
+                    ks = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
+                    vs = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
+                    if cutlass.const_expr(self.pipe):
+                        ks.store(kbuf.load())
+                        vs.store(vbuf.load())
+                        if base + NS * U < stop:
+                            self.load_kv(mK, mV, mKN, mVN, mBT, b, kvh, li, base + NS * U,
+                                         slot, seq_len, kbuf, vbuf)
+                    else:
+                        self.load_kv(mK, mV, mKN, mVN, mBT, b, kvh, li, base, slot, seq_len,
+                                     ks, vs)
                     toks = []
                     for u in cutlass.range_constexpr(U):
-                        tok = base + u * NS + slot
-                        toks.append(tok)
-                        # past the end: a valid address, masked below
-                        tc = cutlass.min(tok, seq_len - 1)
-                        pi = tc // P
-                        page = mBT[b, pi]
-                        off = tc - pi * P
-                        kr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                        vr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                        if cutlass.const_expr(self.fresh):
-                            # the step's own token: from the projection, not (yet) the cache
-                            if tok == seq_len - 1:
-                                cute.copy(ld_q, _head_vec(mKN, b, kvh, li), kr)
-                                cute.copy(ld_q, _head_vec(mVN, b, kvh, li), vr)
-                            else:
-                                cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kr)
-                                cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vr)
-                        else:
-                            cute.copy(ld_kv, _cache_vec(mK, page, off, kvh, li), kr)
-                            cute.copy(ld_kv, _cache_vec(mV, page, off, kvh, li), vr)
-                        ks.append(kr)
-                        vs.append(vr)
+                        toks.append(base + u * NS + slot)
                     scores = cute.make_rmem_tensor(cute.make_layout((U, G), stride=(G, 1)), Float32)
                     for u in cutlass.range_constexpr(U):
-                        kf = ks[u].load().to(Float32)
+                        kf = ks[u, None].load().to(Float32)
                         for g in cutlass.range_constexpr(G):
                             dot = Float32(0.0)
                             for v in cutlass.range_constexpr(V):
@@ -189,7 +208,7 @@ class DecodeAttention:
                         for u in cutlass.range_constexpr(U):
                             p = cute.math.exp2(scores[u, g] - new_max, fastmath=True)
                             ssum = ssum + p
-                            vf = vs[u].load().to(Float32)
+                            vf = vs[u, None].load().to(Float32)
                             for v in cutlass.range_constexpr(V):
                                 acc[g, v] = acc[g, v] + p * vf[v]
                         run_sum[g] = ssum

@@ -466,31 +466,32 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    best: tuple[float, int, int, int] | None = None
-    for c, (threads, unroll) in itertools.product(ATTN_CHUNKS, ATTN_TILES):
+    best: tuple[float, int, int, int, bool] | None = None
+    for c, (threads, unroll, pipe) in itertools.product(ATTN_CHUNKS, ATTN_TILES):
         if c != auto and not 32 <= batch * hkv * -(-ctx // c) <= 8 * rep.ceil.sms:
             continue
-        tile = (c, threads, unroll)
-        tag = f"chunk {c} t{threads} u{unroll}"
+        tile = (c, threads, unroll, pipe)
+        tag = f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else "")
         outs[0].fill_(float("nan"))
         try:
             ops.decode_attention(qs[0], kc[0], vc[0], table, lens, max_len=ctx, out=outs[0],
-                                 chunk=c, threads=threads, unroll=unroll)
+                                 chunk=c, threads=threads, unroll=unroll, pipe=pipe)
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip attention {tag}: {str(exc)[:120]}", flush=True)
             continue
         rep.check(f"attention b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
                   reference.BF16_TOL)
 
-        def ours(i: int, tl: tuple[int, int, int]) -> Any:
+        def ours(i: int, tl: tuple[int, int, int, bool]) -> Any:
             return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
-                                        out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2])
+                                        out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
+                                        pipe=tl[3])
 
         us = graph_us([partial(ours, i, tile) for i in range(sets)])
         rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
                              "variant": tag + (" (auto)" if c == auto else ""), "us": us})
         if best is None or us < best[0]:
-            best = (us, c, threads, unroll)
+            best = (us, c, threads, unroll, pipe)
     # torch's peer reads the same keys contiguously: [B, Hkv, ctx, D] (no paging to follow)
     order = table.long()
     kt = [k[order.view(-1)].view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
@@ -509,11 +510,12 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     if best is not None:
         k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
                                       max_len=ctx, chunk=best[1], threads=best[2],
-                                      unroll=best[3], out=outs[0]))
+                                      unroll=best[3], pipe=best[4], out=outs[0]))
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else
-                 f"best chunk {best[1]} t{best[2]} u{best[3]} (auto chunk {auto}); ")
+                 f"best chunk {best[1]} t{best[2]} u{best[3]}{' pipe' if best[4] else ''} "
+                 f"(auto chunk {auto}); ")
            + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
 
 

@@ -250,7 +250,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                      scale: float | None = None, chunk: int | None = None,
                      out: torch.Tensor | None = None, pdl: bool = False,
-                     threads: int = 128, unroll: int = 4) -> torch.Tensor:
+                     threads: int = 128, unroll: int = 4, pipe: bool = False) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -262,7 +262,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``k_new, v_new [B, Hkv, D]``: the step's own key and value (token ``seq_lens - 1``),
     attended from there and appended to the cache in the same kernel. ``q``, ``k_new`` and
     ``v_new`` may be column slices of the q/k/v projection's output. ``threads`` and
-    ``unroll`` pick the CTA's tile (warps, and steps whose loads are issued together).
+    ``unroll`` pick the CTA's tile (warps, and steps whose loads are issued together);
+    ``pipe`` issues each step's loads during the previous step's math.
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -285,7 +286,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     splits = -(-max_len // c)
     direct = splits == 1
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
-                                 fresh=k_new is not None, threads=threads, unroll=unroll)
+                                 fresh=k_new is not None, threads=threads, unroll=unroll,
+                                 pipe=pipe)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that

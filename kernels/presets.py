@@ -170,9 +170,11 @@ def norm_variants(hidden: int) -> list[KernelSpec]:
 ATTN_SHAPES = ((128, 4, 16), (128, 1, 16), (128, 8, 16))
 
 
-#: (threads, unroll) tiles the attention benchmark tries on the layer's shape: more warps
-#: or more steps per iteration put more KV loads in flight per CTA.
-ATTN_TILES = ((128, 4), (128, 8), (256, 4))
+#: (threads, unroll, pipe) tiles the attention benchmark tries on the layer's shape: more
+#: warps, more steps per iteration, or the next iteration's loads issued during this one's
+#: math (pipe) put more KV bytes in flight per CTA.
+ATTN_TILES = ((128, 4, False), (128, 8, False), (256, 4, False), (128, 4, True),
+              (128, 8, True))
 
 
 def attention_variants() -> list[KernelSpec]:
@@ -184,9 +186,10 @@ def attention_variants() -> list[KernelSpec]:
         for c in ATTN_CHUNKS:
             for direct in (False, True):
                 tiles = ATTN_TILES if i == 0 else ATTN_TILES[:1]
-                for threads, unroll in tiles:
+                for threads, unroll, pipe in tiles:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct,
-                                                     threads=threads, unroll=unroll))
+                                                     threads=threads, unroll=unroll,
+                                                     pipe=pipe))
                 if i == 0:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True))
             out.append(attention_combine_spec(d, c))

@@ -215,11 +215,13 @@ def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: i
 
 def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           direct: bool, threads: int = 128, unroll: int = 4,
-                          pdl: bool = False, fresh: bool = False) -> KernelSpec:
+                          pdl: bool = False, fresh: bool = False,
+                          pipe: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
-    own key and value from the projection and appends them to the cache."""
+    own key and value from the projection and appends them to the cache; ``pipe`` issues
+    each iteration's loads during the previous iteration's math (double-buffered)."""
     if head_dim not in ATTN_HEAD_DIMS:
         raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
     if not 1 <= group <= ATTN_MAX_GROUP:
@@ -236,6 +238,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                                     "t": threads, "u": unroll, "direct": direct}
     if fresh:  # joins the key only when on
         items["fresh"] = True
+    if pipe:
+        items["pipe"] = True
     return _spec("decode_attn", pdl, **items)
 
 

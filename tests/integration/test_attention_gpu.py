@@ -67,6 +67,17 @@ def test_every_chunk_length_gives_the_same_answer(chunk: int) -> None:
     assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize(("chunk", "unroll"), [(64, 4), (512, 8), (4096, 4)])
+def test_pipelined_loads_give_the_same_answer(chunk: int, unroll: int) -> None:
+    # pipe: each iteration's keys and values are loaded during the previous one's math;
+    # ragged lengths end mid-iteration, one sequence is a single token
+    q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=11)
+    out = torch.full_like(q, float("nan"))
+    ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, unroll=unroll,
+                         pipe=True, out=out)
+    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+
+
 @pytest.mark.parametrize("lens", [[4096, 1, 777], [40]])
 def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int]) -> None:
     # q, k_new, v_new are column slices of one projection output, as in the layer.
