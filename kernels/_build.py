@@ -76,7 +76,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         silu = bool(g("silu"))
         rx, r = cute.sym_int(), cute.sym_int()
         fn = _cute_experts.ExpertGemm(k, m, m * slots, int(g("t")), int(g("div")), silu,
-                                      bool(g("pdl", False)))
+                                      bool(g("pdl", False)), int(g("pt", 0)))
         return fn, (_t(BFloat16, (rx, k)), _t(BFloat16, (e, n, k)), _t(Int32, (r,)),
                     _t(Float32, (r,)), _t(BFloat16, (r, n // 2 if silu else n)), stream)
     if spec.kind == "router":

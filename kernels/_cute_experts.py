@@ -41,11 +41,15 @@ class ExpertGemm:
     """
 
     def __init__(self, k: int, tokens: int, rows: int, threads: int, div: int, silu: bool,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, pass_tiles: int = 0) -> None:
         self.K, self.M, self.R, self.T = k, tokens, rows, threads
         self.DIV, self.SILU, self.pdl = div, silu, pdl
         self.W = threads // 32
-        self.NT = (tokens + 7) // 8  # token tiles of 8 (the MMA's n)
+        # Token tiles of 8 (the MMA's n) per pass over K: all of them (one pass, each weight
+        # read once), or ``pass_tiles`` with as many passes as the expert's count needs
+        # (fewer registers, so more loads in flight; a busy expert re-reads from L2).
+        self.PASSES = pass_tiles > 0
+        self.NT = pass_tiles or (tokens + 7) // 8
         self.RPT = (rows + threads - 1) // threads  # router slots each thread inspects
         self.OUT = 8 if silu else 16  # output columns per CTA
 
@@ -97,8 +101,9 @@ class ExpertGemm:
         return cutlass.min(total, self.M)
 
     @cute.jit
-    def mma_loop(self, mX, mW, rows, part, count, e, n0, warp, lane):
-        """Leaves ``part[i * 16 + row, warp]``: the warp's K-partials for token ``i``."""
+    def mma_loop(self, mX, mW, rows, part, count, e, n0, warp, lane, t0=0):
+        """Leaves ``part[i * 16 + row, warp]``: the warp's K-partials for token ``i``
+        (tokens ``t0`` to ``t0 + 8 * NT``)."""
         NW: cutlass.Constexpr = self.W
         NT: cutlass.Constexpr = self.NT
         NC: cutlass.Constexpr = self.K // (32 * self.W)  # 32-wide K chunks per warp
@@ -120,7 +125,7 @@ class ExpertGemm:
         # the x row of this lane's token in each tile (clamped: loads past count are masked)
         src = []
         for nt in cutlass.range_constexpr(NT):
-            i = cutlass.min(nt * 8 + g, count - 1)
+            i = cutlass.min(t0 + nt * 8 + g, count - 1)
             src.append(rows[i] // self.DIV)
         accs = []
         for _i in cutlass.range_constexpr(NT):
@@ -148,14 +153,14 @@ class ExpertGemm:
                 for nt in cutlass.range_constexpr(NT):
                     xr = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                     xr.fill(0.0)  # a token past the expert's count: a zero column of B
-                    if nt * 8 + g < count:
+                    if t0 + nt * 8 + g < count:
                         cute.copy(ld_x, _row_vec(mX, src[nt], (c * NW + warp) * 4 + t), xr)
                     xv.append(xr)
             for ci in cutlass.range_constexpr(min(U, NC - c0)):
                 lo = cute.recast_tensor(wv[ci * 2], Int32)
                 hi = cute.recast_tensor(wv[ci * 2 + 1], Int32)
                 for nt in cutlass.range_constexpr(NT):
-                    if nt * 8 < count:  # whole tiles past the count: no MMA at all
+                    if t0 + nt * 8 < count:  # whole tiles past the count: no MMA at all
                         x32 = cute.recast_tensor(xv[ci * NT + nt], Int32)
                         for s in cutlass.range_constexpr(2):
                             b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
@@ -169,13 +174,13 @@ class ExpertGemm:
                             a32[2] = lo[2 * s + 1]
                             a32[3] = hi[2 * s + 1]
                             cute.gemm(atom, accs[nt], a, b, accs[nt])
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.pdl and not self.PASSES):
             cute.arch.griddepcontrol_launch_dependents()
         # c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1]
         for nt in cutlass.range_constexpr(NT):
             for h in cutlass.range_constexpr(2):
                 for q in cutlass.range_constexpr(2):
-                    i = nt * 8 + 2 * t + q
+                    i = t0 + nt * 8 + 2 * t + q
                     if i < count:
                         part[i * 16 + h * 8 + g, warp] = accs[nt][h * 2 + q]
 
@@ -201,7 +206,15 @@ class ExpertGemm:
         count = self.gather(mIds, rows, counts, e, tidx, warp, lane)
         if count > 0:
             n0 = bid * OUT
-            self.mma_loop(mX, mW, rows, part, count, e, n0, warp, lane)
+            if cutlass.const_expr(self.PASSES):
+                per_pass = 8 * self.NT
+                for tp in cutlass.range((count + per_pass - 1) // per_pass):
+                    self.mma_loop(mX, mW, rows, part, count, e, n0, warp, lane,
+                                  t0=tp * per_pass)
+                if cutlass.const_expr(self.pdl):
+                    cute.arch.griddepcontrol_launch_dependents()
+            else:
+                self.mma_loop(mX, mW, rows, part, count, e, n0, warp, lane)
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((M * OUT + T - 1) // T):
                 idx = p * T + tidx

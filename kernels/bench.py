@@ -411,11 +411,11 @@ def bench_experts(rep: Report, cfg: LayerConfig, batch: int) -> None:
     nbytes = distinct * 3 * h * i * 2 + batch * h * 2 * (1 + s)
     want = experts_torch(cfg, wgu, wd, x, ids.long(), wts).float().sum(1)
 
-    def ours() -> Any:
+    def ours(pt: int = 0) -> Any:
         ops.expert_gemm(x, wgu, flat_ids, flat_w, silu=True, div=s, tokens=batch, slots=s,
-                        out=act)
+                        out=act, pass_tiles=pt)
         return ops.expert_gemm(act, wd, flat_ids, flat_w, silu=False, div=1, tokens=batch,
-                               slots=s, out=y)
+                               slots=s, out=y, pass_tiles=pt)
 
     def per_row() -> Any:
         ops.grouped_gemv(x, wgu, flat_ids, flat_w, silu=True, div=s, out=act)
@@ -426,7 +426,9 @@ def bench_experts(rep: Report, cfg: LayerConfig, batch: int) -> None:
 
     tt = graph_us([torch_experts])
     kt = kernel_count(torch_experts)
-    runs = [("experts (grouped, mma)", ours)] if batch >= 2 else []
+    runs: list[tuple[str, Fn]] = [("experts (grouped, mma)", ours)] if batch >= 2 else []
+    if batch > GEMV_MAX_ROWS:  # fewer tiles per pass: more loads in flight, L2 re-reads
+        runs += [(f"experts (grouped, {pt} tile/pass)", partial(ours, pt)) for pt in (1, 2)]
     if batch <= GEMV_MAX_ROWS:
         runs.append(("experts (per-row gemv)", per_row))
     for name, fn in runs:

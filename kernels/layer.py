@@ -111,6 +111,8 @@ class MoELayer:
         #: from this batch the experts run on :func:`ops.expert_gemm` (grouped by expert,
         #: tensor cores); below it on :func:`ops.grouped_gemv` (one CTA per slot row)
         self.expert_gemm_from = 2
+        #: token tiles per pass of the expert GEMM (0: one pass; see ops.expert_gemm)
+        self.expert_pass_tiles = 0
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -191,10 +193,12 @@ class MoELayer:
                 y = ops.grouped_gemv(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
                                      pdl=p)
             else:
+                pt = self.expert_pass_tiles
                 act = ops.expert_gemm(hn, self.w_gu, flat_ids, flat_w, silu=True,
-                                      div=cfg.slots, tokens=m, slots=cfg.slots, pdl=p)
+                                      div=cfg.slots, tokens=m, slots=cfg.slots, pdl=p,
+                                      pass_tiles=pt)
                 y = ops.expert_gemm(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
-                                    tokens=m, slots=cfg.slots, pdl=p)
+                                    tokens=m, slots=cfg.slots, pdl=p, pass_tiles=pt)
             return y.view(m, cfg.slots, cfg.hidden), h
 
     def _fused_cublas(self, x_slots: torch.Tensor, residual: torch.Tensor, kv: KVState

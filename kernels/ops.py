@@ -179,12 +179,14 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
 
 def expert_gemm(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
                 *, silu: bool, div: int, tokens: int, slots: int,
-                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                out: torch.Tensor | None = None, pdl: bool = False,
+                pass_tiles: int = 0) -> torch.Tensor:
     """:func:`grouped_gemv`'s rows on tensor cores, grouped by expert on the GPU.
 
     ``ids``/``scale`` are the router's flattened ``[M * slots]`` slots; ``tokens`` bounds
     the rows any one expert receives (the batch ``M``; it picks the compiled variant).
-    Each CTA gathers its expert's rows itself, so every expert's weights are read once.
+    Each CTA gathers its expert's rows itself, so every expert's weights are read once
+    (``pass_tiles``: that many 8-token tiles per pass over the weights, see the spec).
     """
     _check(x, "x", _BF16, (None, None))
     k = x.shape[1]
@@ -197,7 +199,8 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torc
         raise KernelsError(f"{r} slot rows exceed tokens {tokens} x slots {slots}")
     if x.shape[0] * div < r:
         raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
-    spec = expert_gemm_spec(k, n, e, tokens=tokens, slots=slots, div=div, silu=silu, pdl=pdl)
+    spec = expert_gemm_spec(k, n, e, tokens=tokens, slots=slots, div=div, silu=silu, pdl=pdl,
+                            pass_tiles=pass_tiles)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
     _cache.get(spec)(x, w, ids, scale, y)
     return y

@@ -121,12 +121,13 @@ class LayerConfig:
                             grouped_gemv_spec(self.inter, h, e, div=1, silu=False, pdl=pdl)]
                 else:
                     out += [gemv_spec(h, h, batch, pdl=pdl), add_rmsnorm_spec(h, 1, pdl=pdl)]
-                if batch >= 2:
+                # the expert GEMM in one pass; above 16 rows also in passes of 1-2 tiles
+                for pt in (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,) if batch >= 2 else ():
                     out += [expert_gemm_spec(h, 2 * self.inter, e, tokens=batch,
                                              slots=self.slots, div=self.slots, silu=True,
-                                             pdl=pdl),
+                                             pdl=pdl, pass_tiles=pt),
                             expert_gemm_spec(self.inter, h, e, tokens=batch, slots=self.slots,
-                                             div=1, silu=False, pdl=pdl)]
+                                             div=1, silu=False, pdl=pdl, pass_tiles=pt)]
             return out
         out.append(silu_mul_spec(self.inter))
         return out

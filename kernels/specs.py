@@ -171,13 +171,16 @@ def grouped_gemv_spec(k: int, n: int, experts: int, *, div: int, silu: bool,
 
 
 def expert_gemm_spec(k: int, n: int, experts: int, *, tokens: int, slots: int, div: int,
-                     silu: bool, threads: int = 128, pdl: bool = False) -> KernelSpec:
+                     silu: bool, threads: int = 128, pdl: bool = False,
+                     pass_tiles: int = 0) -> KernelSpec:
     """Tensor-core expert GEMM over rows grouped by expert (up to ``tokens`` per expert).
 
     The same rows as :func:`grouped_gemv_spec` (``slots`` per token, ``div`` rows per x
     row), but one CTA per (16 weight rows, expert) gathers its expert's rows from the
     router's ids itself, so each expert's weights are read once per step whatever the
-    batch. ``tokens`` is rounded up to whole MMA tiles of 8.
+    batch. ``tokens`` is rounded up to whole MMA tiles of 8. ``pass_tiles`` (1-4) takes
+    that many tiles per pass over K, in as many passes as an expert's rows need (0: all
+    tiles in one pass).
     """
     if not 1 <= tokens <= MMA_MAX_ROWS:
         raise KernelsError(f"expert GEMM takes 1..{MMA_MAX_ROWS} tokens per expert, got {tokens}")
@@ -190,9 +193,15 @@ def expert_gemm_spec(k: int, n: int, experts: int, *, tokens: int, slots: int, d
         raise KernelsError(f"expert GEMM: output width {n} must be a multiple of 16")
     if slots < 1 or div not in (1, slots):
         raise KernelsError(f"expert GEMM: div must be 1 or the slots {slots}, got {div}")
+    if not 0 <= pass_tiles <= 4:
+        raise KernelsError(f"expert GEMM: pass_tiles must be 0 (one pass) or 1..4, got "
+                           f"{pass_tiles}")
     m = -(-tokens // 8) * 8
-    return _spec("expert_gemm", pdl, k=k, n=n, e=experts, m=m, s=slots, t=threads, div=div,
-                 silu=silu)
+    items: dict[str, int | bool] = {"k": k, "n": n, "e": experts, "m": m, "s": slots,
+                                    "t": threads, "div": div, "silu": silu}
+    if pass_tiles and pass_tiles < m // 8:  # joins the key only when it changes the kernel
+        items["pt"] = pass_tiles
+    return _spec("expert_gemm", pdl, **items)
 
 
 def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: int,

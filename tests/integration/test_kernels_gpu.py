@@ -173,8 +173,10 @@ def router_like_ids(batch: int, cfg: LayerConfig, *, seed: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device="cuda").view(-1)
 
 
-@pytest.mark.parametrize(("batch", "tokens"), [(2, 2), (8, 8), (20, 64), (64, 64)])
-def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int) -> None:
+@pytest.mark.parametrize(("batch", "tokens", "pass_tiles"),
+                         [(2, 2, 0), (8, 8, 0), (20, 64, 0), (64, 64, 0), (64, 64, 1),
+                          (64, 64, 2)])
+def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int, pass_tiles: int) -> None:
     # Grouped by expert on the GPU: every slot row must come out as its own expert's
     # GEMV, whatever order the CTA gathered it in; (20, 64) runs fewer rows than compiled.
     cfg = LayerConfig()
@@ -184,9 +186,9 @@ def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int) -> None:
     ids = router_like_ids(batch, cfg, seed=batch)
     sc = torch.rand(batch * s, device="cuda")
     act = ops.expert_gemm(x, wgu, ids, sc, silu=True, div=s, tokens=tokens, slots=s,
-                          out=nan(batch * s, i))
+                          out=nan(batch * s, i), pass_tiles=pass_tiles)
     y = ops.expert_gemm(act, wd, ids, sc, silu=False, div=1, tokens=tokens, slots=s,
-                        out=nan(batch * s, h))
+                        out=nan(batch * s, h), pass_tiles=pass_tiles)
     torch.cuda.synchronize()
     for r in range(batch * s):
         want_act = ref.silu_mul(ref.gemv(x[r // s:r // s + 1], wgu[int(ids[r])]))

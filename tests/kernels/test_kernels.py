@@ -126,6 +126,13 @@ def test_expert_gemm_shape_rules() -> None:
         expert_gemm_spec(1024, 2056, 17, tokens=8, slots=3, div=1, silu=False)
     with pytest.raises(KernelsError, match="div must be 1 or the slots"):
         expert_gemm_spec(2048, 2048, 17, tokens=8, slots=3, div=2, silu=True)
+    # passes of fewer tiles: a key of their own, unless one pass holds every tile anyway
+    assert expert_gemm_spec(2048, 2048, 17, tokens=64, slots=3, div=3, silu=True,
+                            pass_tiles=2).get("pt") == 2
+    assert "pt" not in expert_gemm_spec(2048, 2048, 17, tokens=8, slots=3, div=3, silu=True,
+                                        pass_tiles=2).key()
+    with pytest.raises(KernelsError, match="pass_tiles"):
+        expert_gemm_spec(2048, 2048, 17, tokens=64, slots=3, div=3, silu=True, pass_tiles=5)
 
 
 def test_fused_layer_variants_up_to_64_rows_are_compiled_ahead_of_time() -> None:
