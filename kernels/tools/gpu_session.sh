@@ -33,10 +33,14 @@ case " $steps " in *" layers "*)
   timeout 300 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
     --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" 2>&1 \
     | tee "$OUT/layers.log" | grep -v "^  skip"
-  # profile diff needs typer and polars: from the staged bundle when one is there
-  for b in 1 8; do (cd "$R"; [ -f /tmp/agentload-gpu/env.sh ] && . /tmp/agentload-gpu/env.sh
-    python3 -P -m agentload profile diff "$OUT/traces/kernels-trace-b$b-standard.json" \
-    "$OUT/traces/kernels-trace-b$b-fused.json") 2>&1 | tee -a "$OUT/layers.log" | head -30; done
+  # profile diff needs typer and polars: from the staged bundle when one is there, else
+  # run it where the traces come back (agentload profile diff STANDARD FUSED)
+  for b in 1 8 64; do
+    if [ -f /tmp/agentload-gpu/env.sh ]; then (cd "$R"; . /tmp/agentload-gpu/env.sh
+      python3 -P -m agentload profile diff "$OUT/traces/kernels-trace-b$b-standard.json" \
+      "$OUT/traces/kernels-trace-b$b-fused.json") 2>&1 | tee -a "$OUT/layers.log" | head -30
+    else echo "profile diff b$b: no staged bundle here (polars); run it on traces.tar.gz"; fi
+  done
   tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces" ;; esac
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
