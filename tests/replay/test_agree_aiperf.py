@@ -180,7 +180,7 @@ def test_agentload_side_matches_aiperfs_traffic(tmp_path: Path,
     argv = agentload_argv(url="http://h:1", model="m", trace=MINI, users=6, duration_s=60.0,
                           seed=3, out=tmp_path, options=AGENTLOAD_NEAREST)
     flags = {a: b for a, b in zip(argv, [*argv[1:], ""], strict=True) if a.startswith("--")}
-    assert argv[1:5] == ["-m", "agentload", "replay", str(MINI)]
+    assert argv[1:6] == ["-P", "-m", "agentload", "replay", str(MINI)]
     assert (flags["--users"], flags["--duration"], flags["--seed"], flags["--model"],
             flags["--target"]) == ("6", "60", "3", "m", "http://h:1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
