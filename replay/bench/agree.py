@@ -25,6 +25,7 @@ agentload / vllm ratios. A pair of runs in which either client read its events i
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -349,7 +350,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               workdir: Path | None = None, pin_clients: bool = True,
               server_log: Path | None = None, retries: int = 2,
               tokenizer: Path | None = None, same_prompts: bool = False,
-              transport: Transport = "stamped") -> dict[str, Any]:
+              transport: Transport = "stamped", together: bool = False) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
 
     ``same_prompts``: both runs of a pair send the very same token ids, so the server
@@ -361,6 +362,11 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     token's time from the kernel's receive stamp; ``aiohttp`` stamps in Python once the
     chunk is parsed, where ``vllm bench serve`` (aiohttp too) stamps: the difference
     between the two is the client's own delay to first token.
+
+    ``together``: both tools of a pair run at the same time, each at half the
+    concurrency (rounded up) and with prompts of its own, so whatever the server does
+    during the window (its speed drifting between runs, a dummy-weight MoE's routing)
+    it does to both alike; the server's counters then cover the pair, not one tool.
 
     A pair in which either tool read over ``SPOILED_SHARE`` of its token events
     together (``spoiled_by``) is set aside and run again, up to ``retries`` times in
@@ -377,6 +383,10 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
         raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "
                           "--output-len >= 2 and --retries >= 0")
+    if together and same_prompts:
+        raise ReplayError("--together and --same-prompts exclude each other: run together, "
+                          "the two tools' identical prompts would meet in the server's batch")
+    each = -(-concurrency // 2) if together else concurrency  # per tool
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -405,24 +415,43 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
             i = len(ours)
             # Every attempt has prompts of its own (salts 1, 2, 3, ...; 0 warmed up).
             attempt += 1
-            say(f"run {i + 1}/{runs}: agentload ...")
-            before, ticks = server_counters(base), host_ticks()
             # Same prompts: one salt and one cache salt for both runs of the pair.
             shared = new_cache_salt() if same_prompts else None
-            mine = agentload_run(base, workdir / f"agentload{attempt}", requests, concurrency,
-                                 input_len, output_len, salt=2 * attempt - 1,
-                                 cache_salt=shared, transport=transport)
-            mine["server"] = counters_delta(before, server_counters(base), probes)
-            mine["host"] = host_share(ticks, host_ticks())
-            say(f"run {i + 1}/{runs}: vllm bench serve ...")
-            before = server_counters(base)
-            other = vllm_run(base, workdir, model, tokenizer, requests, concurrency,
-                             input_len, output_len, token_id_range,
-                             salt=2 * attempt - 1 if same_prompts else 2 * attempt,
-                             cache_salt=shared)
-            if not other.get("ran"):
-                raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
-            other["server"] = counters_delta(before, server_counters(base))
+            their_salt = 2 * attempt - 1 if same_prompts else 2 * attempt
+            if together:
+                say(f"run {i + 1}/{runs}: agentload and vllm bench serve together ...")
+                before, ticks = server_counters(base), host_ticks()
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    pending = pool.submit(vllm_run, base, workdir, model, tokenizer,
+                                          requests, each, input_len, output_len,
+                                          token_id_range, salt=their_salt)
+                    mine = agentload_run(base, workdir / f"agentload{attempt}", requests,
+                                         each, input_len, output_len, salt=2 * attempt - 1,
+                                         transport=transport)
+                    other = pending.result()
+                if not other.get("ran"):
+                    raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
+                # one window: the server's counters are the pair's, the same for both
+                mine["server"] = other["server"] = counters_delta(
+                    before, server_counters(base), probes)
+                mine["host"] = host_share(ticks, host_ticks())
+            else:
+                say(f"run {i + 1}/{runs}: agentload ...")
+                before, ticks = server_counters(base), host_ticks()
+                mine = agentload_run(base, workdir / f"agentload{attempt}", requests,
+                                     concurrency, input_len, output_len,
+                                     salt=2 * attempt - 1, cache_salt=shared,
+                                     transport=transport)
+                mine["server"] = counters_delta(before, server_counters(base), probes)
+                mine["host"] = host_share(ticks, host_ticks())
+                say(f"run {i + 1}/{runs}: vllm bench serve ...")
+                before = server_counters(base)
+                other = vllm_run(base, workdir, model, tokenizer, requests, concurrency,
+                                 input_len, output_len, token_id_range, salt=their_salt,
+                                 cache_salt=shared)
+                if not other.get("ran"):
+                    raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
+                other["server"] = counters_delta(before, server_counters(base))
             hits = other["server"].get("prefix_cache_hits_total") or 0
             if same_prompts and hits > requests:  # a few shared leading blocks are not
                 raise ReplayError(
@@ -463,6 +492,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     return {"config": {"requests": requests, "concurrency": concurrency,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "retries": retries, "same_prompts": same_prompts,
+                       "together": together, "concurrency_each": each,
                        "transport": transport,
                        "model": model,
                        "client_cpus": sorted(pinned) if pinned is not None else None},
@@ -525,7 +555,9 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
              + (", the same prompts for both tools in each pair" if c.get("same_prompts")
                 else "")
              + (", agentload on aiohttp (stamped in Python, as vllm bench serve)"
-                if c.get("transport") == "aiohttp" else ""),
+                if c.get("transport") == "aiohttp" else "")
+             + (f", both tools at once ({c.get('concurrency_each')} each)"
+                if c.get("together") else ""),
              f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
     if c.get("client_cpus"):
         lines.insert(1, f"  both clients on CPU {c['client_cpus']}, off the server "
@@ -547,8 +579,9 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
                  + f"; agentload runs whose client diagnostics were clean: "
                  f"{r['client_valid_runs']}/{c['runs']}")
     if "paired_within_3pct" in r:
-        lines.append("  paired (each agentload run against the vllm bench run right after "
-                     "it, so the server's drift between runs cancels) within 3 %: "
+        when = ("running at the same time" if c.get("together") else "right after it")
+        lines.append(f"  paired (each agentload run against the vllm bench run {when}, so "
+                     "the server's drift between runs cancels) within 3 %: "
                      + ("yes" if r["paired_within_3pct"] else "NO"))
     for x in r.get("set_aside", ()):
         lines.append(f"  run {x['run']} was set aside and run again: {x['why']}")

@@ -170,6 +170,11 @@ def agree_command(
         "--transport", help="agentload's client against vllm bench serve: stamped (kernel "
         "receive stamps, replay's default) or aiohttp (stamped in Python after parsing, "
         "where vllm bench serve stamps).")] = "stamped",
+    together: Annotated[bool, typer.Option(
+        "--together", help="Run both tools of each pair at the same time, half the "
+        "concurrency each and prompts of their own, so the server's drift between runs "
+        "hits both alike. Needs cores for both clients: on 2 cores they hold each other "
+        "back (the pair is set aside as spoiled).")] = False,
 ) -> None:
     """TTFT and ITL P50/P90 of agentload vs vllm bench serve (or AIPerf) on one server.
 
@@ -193,7 +198,7 @@ def agree_command(
                        input_len=input_len, output_len=output_len, runs=runs,
                        retries=retries, tokenizer=tokenizer, same_prompts=same_prompts,
                        transport=transport,  # type: ignore[arg-type]  # checked above
-                       say=lambda line: typer.echo(line, err=True))
+                       together=together, say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -282,6 +284,40 @@ def test_same_prompts_share_salts_in_a_pair_and_refuse_a_caching_server(
     with pytest.raises(ReplayError, match="without prefix caching"):
         agreement("http://x", runs=1, workdir=tmp_path, pin_clients=False,
                   same_prompts=True)
+
+
+def test_together_runs_both_tools_at_once_at_half_the_concurrency(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _stub_tools(monkeypatch, [0.0, 0.0])
+    windows: dict[str, list[tuple[float, float]]] = {"agentload": [], "vllm": []}
+    concurrencies: dict[str, list[int]] = {"agentload": [], "vllm": []}
+    ours, theirs = agree_module.agentload_run, agree_module.vllm_run
+
+    def timed(name: str, fn: Any, conc_at: int) -> Any:
+        def run(*args: Any, **kw: Any) -> Any:
+            t0 = time.monotonic()
+            time.sleep(0.2)  # long enough for the other tool to start meanwhile
+            out = fn(*args, **kw)
+            if not (isinstance(args[1], Path) and args[1].name == "warmup"):
+                windows[name].append((t0, time.monotonic()))
+                concurrencies[name].append(args[conc_at])
+            return out
+        return run
+
+    monkeypatch.setattr(agree_module, "agentload_run", timed("agentload", ours, 3))
+    monkeypatch.setattr(agree_module, "vllm_run", timed("vllm", theirs, 5))
+    said: list[str] = []
+    r = agreement("http://x", runs=2, concurrency=5, workdir=tmp_path, pin_clients=False,
+                  together=True, say=said.append)
+    for (a0, a1), (v0, v1) in zip(windows["agentload"], windows["vllm"], strict=True):
+        assert a0 < v1 and v0 < a1  # the two runs of a pair overlap in time
+    assert concurrencies == {"agentload": [3, 3], "vllm": [3, 3]}  # ceil(5 / 2) each
+    assert r["config"]["together"] and r["config"]["concurrency_each"] == 3
+    assert "both tools at once (3 each)" in agree_lines(r)[0]
+    assert any("running at the same time" in line for line in agree_lines(r))
+    assert any("together" in line for line in said)
+    with pytest.raises(ReplayError, match="exclude each other"):
+        agreement("http://x", together=True, same_prompts=True, workdir=tmp_path)
 
 
 @pytest.mark.parametrize("transport", ["stamped", "aiohttp"])
