@@ -288,7 +288,7 @@ def test_same_prompts_share_salts_in_a_pair_and_refuse_a_caching_server(
 
 def test_together_runs_both_tools_at_once_at_half_the_concurrency(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    _stub_tools(monkeypatch, [0.0, 0.0])
+    _stub_tools(monkeypatch, [0.0] * 3)  # the stub indexes by salts so far: either order
     windows: dict[str, list[tuple[float, float]]] = {"agentload": [], "vllm": []}
     concurrencies: dict[str, list[int]] = {"agentload": [], "vllm": []}
     ours, theirs = agree_module.agentload_run, agree_module.vllm_run
