@@ -61,6 +61,28 @@ def _store_cluster_f32(smem_ptr: object, rank: Int32, val: Float32, *, loc: obje
 
 
 @cute.jit
+def _mma_k16(atom: object, acc: object, w_lo: object, w_hi: object, x: object,
+             s: int) -> None:
+    """``acc += A @ B`` for half ``s`` (0 or 1) of a 32-wide K chunk: one
+    ``mma.sync.m16n8k16``. ``w_lo`` / ``w_hi`` are this lane's 16-byte loads of weight rows
+    ``g`` and ``g + 8``, ``x`` its load of token ``g``'s row, at K offset ``t * 8`` (see
+    :meth:`Gemv.mma_loop` for why words ``2s`` and ``2s + 1`` are the fragments)."""
+    lo = cute.recast_tensor(w_lo, Int32)
+    hi = cute.recast_tensor(w_hi, Int32)
+    x32 = cute.recast_tensor(x, Int32)
+    b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
+    b32 = cute.recast_tensor(b, Int32)
+    b32[0] = x32[2 * s]
+    b32[1] = x32[2 * s + 1]
+    a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
+    a32 = cute.recast_tensor(a, Int32)
+    a32[0] = lo[2 * s]
+    a32[1] = hi[2 * s]
+    a32[2] = lo[2 * s + 1]
+    a32[3] = hi[2 * s + 1]
+    cute.gemm(atom, acc, a, b, acc)
+
+
 def _block_sum(val: Float32, warps: int, scratch: object) -> Float32:
     """Sum one float over the block: warp shuffle, then ``warps`` partials in smem."""
     warp = cute.arch.warp_idx()
@@ -355,22 +377,10 @@ class Gemv:
                     xv.append(xr)
             for ci in cutlass.range_constexpr(min(U, NC - c0)):
                 for nt in cutlass.range_constexpr(NT):
-                    x32 = cute.recast_tensor(xv[ci * NT + nt], Int32)
                     for s in cutlass.range_constexpr(2):
-                        b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
-                        b32 = cute.recast_tensor(b, Int32)
-                        b32[0] = x32[2 * s]
-                        b32[1] = x32[2 * s + 1]
                         for mt in cutlass.range_constexpr(MT):
-                            lo = cute.recast_tensor(wv[(ci * MT + mt) * 2], Int32)
-                            hi = cute.recast_tensor(wv[(ci * MT + mt) * 2 + 1], Int32)
-                            a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
-                            a32 = cute.recast_tensor(a, Int32)
-                            a32[0] = lo[2 * s]
-                            a32[1] = hi[2 * s]
-                            a32[2] = lo[2 * s + 1]
-                            a32[3] = hi[2 * s + 1]
-                            cute.gemm(atom, accs[mt * NT + nt], a, b, accs[mt * NT + nt])
+                            _mma_k16(atom, accs[mt * NT + nt], wv[(ci * MT + mt) * 2],
+                                     wv[(ci * MT + mt) * 2 + 1], xv[ci * NT + nt], s)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         # c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1] (row = output,

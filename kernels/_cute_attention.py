@@ -161,9 +161,9 @@ class DecodeAttention:
                     st = _vec_atom()
                     cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
                     cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
-            kbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
-            vbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
-            if cutlass.const_expr(self.pipe):
+            if cutlass.const_expr(self.pipe):  # the next iteration's keys and values
+                kbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
+                vbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
                 self.load_kv(mK, mV, mKN, mVN, mBT, b, kvh, li, t0, slot, seq_len, kbuf, vbuf)
             for it in cutlass.range(self.NIT):
                 base = t0 + it * (NS * U)

@@ -28,7 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
-from agentload.kernels._cute import V, _row_vec, _vec_atom
+from agentload.kernels._cute import V, _mma_k16, _row_vec, _vec_atom
 
 
 class ExpertGemm:
@@ -157,23 +157,11 @@ class ExpertGemm:
                         cute.copy(ld_x, _row_vec(mX, src[nt], (c * NW + warp) * 4 + t), xr)
                     xv.append(xr)
             for ci in cutlass.range_constexpr(min(U, NC - c0)):
-                lo = cute.recast_tensor(wv[ci * 2], Int32)
-                hi = cute.recast_tensor(wv[ci * 2 + 1], Int32)
                 for nt in cutlass.range_constexpr(NT):
                     if t0 + nt * 8 < count:  # whole tiles past the count: no MMA at all
-                        x32 = cute.recast_tensor(xv[ci * NT + nt], Int32)
                         for s in cutlass.range_constexpr(2):
-                            b = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
-                            b32 = cute.recast_tensor(b, Int32)
-                            b32[0] = x32[2 * s]
-                            b32[1] = x32[2 * s + 1]
-                            a = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
-                            a32 = cute.recast_tensor(a, Int32)
-                            a32[0] = lo[2 * s]
-                            a32[1] = hi[2 * s]
-                            a32[2] = lo[2 * s + 1]
-                            a32[3] = hi[2 * s + 1]
-                            cute.gemm(atom, accs[nt], a, b, accs[nt])
+                            _mma_k16(atom, accs[nt], wv[ci * 2], wv[ci * 2 + 1],
+                                     xv[ci * NT + nt], s)
         if cutlass.const_expr(self.pdl and not self.PASSES):
             cute.arch.griddepcontrol_launch_dependents()
         # c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1]

@@ -409,7 +409,7 @@ def bench_experts(rep: Report, cfg: LayerConfig, batch: int) -> None:
     act, y = _poisoned((batch * s, i)), _poisoned((batch * s, h))
     distinct = len(set(ids.reshape(-1).tolist()))
     nbytes = distinct * 3 * h * i * 2 + batch * h * 2 * (1 + s)
-    want = experts_torch(cfg, wgu, wd, x, ids.long(), wts).float().sum(1)
+    want = experts_torch(cfg, wgu, wd, x, ids_long, wts).float().sum(1)
 
     def ours(pt: int = 0) -> Any:
         ops.expert_gemm(x, wgu, flat_ids, flat_w, silu=True, div=s, tokens=batch, slots=s,
@@ -468,7 +468,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    best: tuple[float, int, int, int, bool] | None = None
+    best: tuple[float, tuple[int, int, int, bool], str] | None = None
     for c, (threads, unroll, pipe) in itertools.product(ATTN_CHUNKS, ATTN_TILES):
         if c != auto and not 32 <= batch * hkv * -(-ctx // c) <= 8 * rep.ceil.sms:
             continue
@@ -493,7 +493,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
         rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
                              "variant": tag + (" (auto)" if c == auto else ""), "us": us})
         if best is None or us < best[0]:
-            best = (us, c, threads, unroll, pipe)
+            best = (us, tile, tag)
     # torch's peer reads the same keys contiguously: [B, Hkv, ctx, D] (no paging to follow)
     order = table.long()
     kt = [k[order.view(-1)].view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
@@ -510,14 +510,13 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
     k_ours = None
     if best is not None:
+        c, threads, unroll, pipe = best[1]
         k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
-                                      max_len=ctx, chunk=best[1], threads=best[2],
-                                      unroll=best[3], pipe=best[4], out=outs[0]))
+                                      max_len=ctx, chunk=c, threads=threads, unroll=unroll,
+                                      pipe=pipe, out=outs[0]))
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
-           note=("" if best is None else
-                 f"best chunk {best[1]} t{best[2]} u{best[3]}{' pipe' if best[4] else ''} "
-                 f"(auto chunk {auto}); ")
+           note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
            + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
 
 

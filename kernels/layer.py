@@ -326,16 +326,10 @@ def selection_margins(cfg: LayerConfig, sel: torch.Tensor
     between the ``topk_group``-th and next group score, and between the ``topk``-th and
     next expert score among the experts of the chosen groups (an expert of a group left
     out never competes, so a gap to it is no tie)."""
-    m = sel.shape[0]
-    per_group = sel.view(m, cfg.groups, -1)
-    gscore = per_group.topk(2, dim=-1).values.sum(-1)
+    eligible, gscore = reference.keep_top_groups(sel, cfg.groups, cfg.topk_group)
     gs = gscore.sort(1, True).values
     g_margin = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]
                 if cfg.topk_group < cfg.groups else torch.full_like(gs[:, 0], 1e9))
-    keep = torch.zeros_like(gscore, dtype=torch.bool)
-    keep.scatter_(1, gscore.topk(cfg.topk_group, dim=1).indices, True)
-    eligible = sel.masked_fill(~keep.repeat_interleave(cfg.experts // cfg.groups, 1),
-                               float("-inf"))
     es = eligible.sort(1, True).values
     e_margin = es[:, cfg.topk - 1] - es[:, cfg.topk]
     return g_margin, e_margin

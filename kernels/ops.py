@@ -157,11 +157,10 @@ def oproj_residual_rmsnorm(x: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     return h, normed
 
 
-def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
-                 *, silu: bool, div: int, out: torch.Tensor | None = None,
-                 pdl: bool = False) -> torch.Tensor:
-    """Expert rows: ``y[r] = x[r // div] @ w[ids[r]].T``; with ``silu`` (``w`` ``[E, 2I, K]``)
-    ``y[r] = silu(gate) * up`` (``[R, I]``), else ``y[r] *= scale[r]`` (``[R, N]``)."""
+def _check_slot_rows(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                     scale: torch.Tensor, div: int) -> tuple[int, int, int, int]:
+    """The expert kernels' inputs: ``x [Rx, K]``, ``w [E, N, K]``, ``ids [R]`` int32,
+    ``scale [R]`` float32, with ``R <= Rx * div``. Returns ``(K, N, E, R)``."""
     _check(x, "x", _BF16, (None, None))
     k = x.shape[1]
     _check(w, "w", _BF16, (None, None, k))
@@ -171,6 +170,15 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
     _check(scale, "scale", torch.float32, (r,))
     if x.shape[0] * div < r:
         raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
+    return k, n, e, r
+
+
+def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
+                 *, silu: bool, div: int, out: torch.Tensor | None = None,
+                 pdl: bool = False) -> torch.Tensor:
+    """Expert rows: ``y[r] = x[r // div] @ w[ids[r]].T``; with ``silu`` (``w`` ``[E, 2I, K]``)
+    ``y[r] = silu(gate) * up`` (``[R, I]``), else ``y[r] *= scale[r]`` (``[R, N]``)."""
+    k, n, e, r = _check_slot_rows(x, w, ids, scale, div)
     spec = grouped_gemv_spec(k, n, e, div=div, silu=silu, pdl=pdl)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
     _cache.get(spec)(x, w, ids, scale, y)
@@ -188,17 +196,9 @@ def expert_gemm(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torc
     Each CTA gathers its expert's rows itself, so every expert's weights are read once
     (``pass_tiles``: that many 8-token tiles per pass over the weights, see the spec).
     """
-    _check(x, "x", _BF16, (None, None))
-    k = x.shape[1]
-    _check(w, "w", _BF16, (None, None, k))
-    e, n, _ = w.shape
-    _check(ids, "ids", torch.int32, (None,))
-    r = ids.shape[0]
-    _check(scale, "scale", torch.float32, (r,))
+    k, n, e, r = _check_slot_rows(x, w, ids, scale, div)
     if r > tokens * slots:
         raise KernelsError(f"{r} slot rows exceed tokens {tokens} x slots {slots}")
-    if x.shape[0] * div < r:
-        raise KernelsError(f"{r} rows need x with >= {-(-r // div)} rows, got {x.shape[0]}")
     spec = expert_gemm_spec(k, n, e, tokens=tokens, slots=slots, div=div, silu=silu, pdl=pdl,
                             pass_tiles=pass_tiles)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)

@@ -47,6 +47,19 @@ def silu_mul(x: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tenso
     return torch.nn.functional.silu(xs[..., :i]) * xs[..., i:]
 
 
+def keep_top_groups(sel: torch.Tensor, groups: int, topk_group: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sel with the experts outside the best topk_group groups at -inf, the group
+    scores)``: groups rank by the sum of their two best biased scores ``sel [M, E]``."""
+    m, e = sel.shape
+    gscore = sel.view(m, groups, e // groups).topk(min(2, e // groups), dim=-1).values.sum(-1)
+    if topk_group >= groups:
+        return sel, gscore
+    mask = torch.zeros(m, groups, dtype=torch.bool, device=sel.device)
+    mask.scatter_(1, gscore.topk(topk_group, dim=-1).indices, True)
+    return sel.masked_fill(~mask.repeat_interleave(e // groups, dim=1), float("-inf")), gscore
+
+
 def router_select(logits: torch.Tensor, bias: torch.Tensor, topk: int, groups: int,
                   topk_group: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid scoring + grouped top-k (DeepSeek-V3 style) from given logits.
@@ -56,15 +69,7 @@ def router_select(logits: torch.Tensor, bias: torch.Tensor, topk: int, groups: i
     scores normalized to sum 1, times ``scale``. Returns ``(ids int64 [M, k], weights)``.
     """
     scores = torch.sigmoid(logits.double())
-    sel = scores + bias.double()
-    m, e = sel.shape
-    if topk_group < groups:
-        g = sel.view(m, groups, e // groups)
-        gscore = g.topk(min(2, e // groups), dim=-1).values.sum(-1)
-        keep = gscore.topk(topk_group, dim=-1).indices
-        mask = torch.zeros(m, groups, dtype=torch.bool, device=sel.device)
-        mask.scatter_(1, keep, True)
-        sel = sel.masked_fill(~mask.repeat_interleave(e // groups, dim=1), float("-inf"))
+    sel, _ = keep_top_groups(scores + bias.double(), groups, topk_group)
     ids = sel.topk(topk, dim=-1).indices
     w = scores.gather(1, ids)
     return ids, w / w.sum(-1, keepdim=True) * scale
