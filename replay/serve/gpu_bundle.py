@@ -156,6 +156,14 @@ def _platform_args() -> list[str]:
     return args
 
 
+def _install_into(target: Path, wheels: Iterable[Path]) -> None:
+    """Install exactly these wheels (no dependencies, no index) into ``target`` as
+    CPython 3.12 on manylinux x86-64 sees them."""
+    _pip(["install", "--no-deps", "--no-index", "--no-compile", "--quiet",
+          "--disable-pip-version-check", *_platform_args(), "--target", str(target),
+          *map(str, wheels)])
+
+
 def download(wheelhouse: Path, pins: Iterable[str], say: Callable[[str], None]) -> None:
     """Every pinned wheel into ``wheelhouse`` (pip skips the ones already there)."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
@@ -250,9 +258,7 @@ def pack_site(wheelhouse: Path, reqs: Requirements, agentload_wheel: Path, out: 
     with tempfile.TemporaryDirectory(prefix="agentload-site-") as tmp:
         root = Path(tmp)
         say(f"installing {len(wheels) + 1} wheels for CPython {PYTHON_VERSION} into the site")
-        _pip(["install", "--no-deps", "--no-index", "--no-compile", "--quiet",
-              "--disable-pip-version-check", *_platform_args(), "--target",
-              str(root / "site"), *map(str, wheels), str(agentload_wheel)])
+        _install_into(root / "site", [*wheels, agentload_wheel])
         site = root / "site"
         # Data vLLM never reads for a text model: mistral_common's bundled tokenizer files
         # and pycountry's translations (about 30 MB before compression).
@@ -272,11 +278,11 @@ def pack_ray(wheelhouse: Path, reqs: Requirements, out: Path,
     with tempfile.TemporaryDirectory(prefix="agentload-ray-") as tmp:
         root = Path(tmp)
         say(f"installing {len(wheels)} wheels into the Ray load")
-        _pip(["install", "--no-deps", "--no-index", "--no-compile", "--quiet",
-              "--disable-pip-version-check", *_platform_args(), "--target",
-              str(root / "ray-site"), *map(str, wheels)])
+        _install_into(root / "ray-site", wheels)
         for rel in RAY_DROPPED:
             shutil.rmtree(root / "ray-site" / "ray" / rel, ignore_errors=True)
+        # console scripts carry this machine's python in their shebang (as in the site)
+        shutil.rmtree(root / "ray-site" / "bin", ignore_errors=True)
         say("compressing ray.tar.xz")
         _xz_tar(root, out / "ray.tar.xz", ["ray-site"])
     return {"wheels": sorted(w.name for w in wheels), "dropped": list(RAY_DROPPED)}
