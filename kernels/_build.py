@@ -90,10 +90,15 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "decode_attn":
         d = int(g("d"))
         b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
-        fn = _cute_attention.DecodeAttention(d, int(g("g")), int(g("p")), int(g("c")),
-                                             int(g("t")), int(g("u")), bool(g("direct")),
-                                             bool(g("pdl", False)), bool(g("fresh", False)),
-                                             bool(g("pipe", False)))
+        if g("mma", False):
+            fn = _cute_attention.DecodeAttentionMma(
+                d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
+                bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)))
+        else:
+            fn = _cute_attention.DecodeAttention(
+                d, int(g("g")), int(g("p")), int(g("c")), int(g("t")), int(g("u")),
+                bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)),
+                bool(g("pipe", False)))
 
         def heads(n: Any) -> Any:  # [B, n, D] with any 16-byte-aligned batch stride
             return make_fake_tensor(BFloat16, (b, n, d), (cute.sym_int(divisibility=8), d, 1),

@@ -29,9 +29,9 @@ import operator
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32
+from cutlass import BFloat16, Float32, Int32
 
-from agentload.kernels._cute import V, _vec_atom
+from agentload.kernels._cute import V, _mma_k16, _vec_atom
 
 NEG_INIT = -1.0e30  #: finite start for running maxima, so exp2(max_old - max_new) is never NaN
 
@@ -321,3 +321,275 @@ class AttentionCombine:
                     tot = tot + w * s_ml[r, 1]
                     num = num + w * s_acc[r, d]
                 mO[b, hq, d] = (num / tot).to(BFloat16)
+
+
+class DecodeAttentionMma:
+    """Split-KV decode attention on tensor cores, KV streamed by ``cp.async`` (GQA).
+
+    Same tensors, grid and outputs as :class:`DecodeAttention`, for ``D`` a multiple of
+    64, up to 16 query heads per KV head and pages of a multiple of 16 tokens. Each warp
+    takes tiles of 16 tokens (one page's worth or less, so one block-table entry per
+    tile); the CTA's page ids sit in shared memory. A tile's keys and values go to this
+    lane's own slots of shared memory with ``cp.async``, ``S - 1`` tiles ahead of the
+    math, so the bytes in flight do not hold registers and no barrier is needed (a lane
+    reads back only what it copied).
+
+    Math per tile, ``mma.sync.m16n8k16`` with the query heads as the MMA's 16 rows:
+    ``S = Q K^T`` takes each key row straight from its 16-byte loads (the head dimension
+    is the reduction, so the same permutation of it in Q and K is free, as in
+    :meth:`Gemv.mma_loop`); the accumulator of ``S`` is already the A fragment of
+    ``O += P V`` (FlashAttention-2's register reuse). For ``V`` as B the lane loads 8
+    head-dim values of the 4 tokens its fragment needs and pairs them by token; the
+    n-tile ``i`` of a 64-wide block then holds columns ``8 j + i``.
+    """
+
+    def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
+                 stages: int, direct: bool, pdl: bool = False, fresh: bool = False) -> None:
+        self.D, self.G, self.P, self.C = head_dim, group, page, chunk
+        self.W, self.S = warps, stages
+        self.T = warps * 32
+        self.direct, self.pdl, self.fresh = direct, pdl, fresh
+        self.NC = head_dim // 32  # 32-wide head-dim chunks: 16-byte K loads per token row
+        self.NB = head_dim // 64  # 64-wide blocks: 16-byte V loads per token
+        self.NK = 2 * self.NC  # K vectors per lane per tile (two n-tiles of 8 tokens)
+        self.NV = self.NK + 4 * self.NB  # + V vectors (4 tokens per lane)
+        self.NIT = chunk // (16 * warps)  # tiles per warp
+        self.HI = group > 8  # the MMA's rows 8-15 hold real heads
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale: Float32,
+                 stream):
+        b = mQ.shape[0]
+        hkv = mK.shape[2]
+        splits = mOP.shape[2]
+        smem = (self.W * self.S * self.NV * 32 * 16 + self.C // self.P * 4
+                + self.W * self.G * (self.D + 2) * 4 + 256)
+        self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
+            grid=[splits, hkv, b], block=[self.T, 1, 1], smem=smem, stream=stream,
+            use_pdl=self.pdl)
+
+    @cute.jit
+    def issue(self, mK, mV, s_kv, s_bt, b, kvh, t0, stop, k, stage, warp, lane):
+        """``cp.async`` this lane's key and value vectors of tile ``k`` (tokens
+        ``t0 + 16 k ..``) into its slots of ``stage``; tokens past ``stop`` read the last
+        valid one (finite values, weighted 0)."""
+        g = lane // 4
+        t = lane - g * 4
+        base = t0 + 16 * k
+        cp = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), BFloat16,
+            num_bits_per_copy=128)
+        if base < stop:
+            page = s_bt[(16 * k) // self.P]
+            slot0 = (16 * k) % self.P
+            last = stop - 1 - base  # the tile's last valid token
+            for r in cutlass.range_constexpr(2):
+                off = slot0 + cutlass.min(8 * r + g, last)
+                for c in cutlass.range_constexpr(self.NC):
+                    cute.copy(cp, _cache_vec(mK, page, off, kvh, c * 4 + t),
+                              s_kv[warp, stage, r * self.NC + c, lane, None])
+            for q in cutlass.range_constexpr(4):
+                off = slot0 + cutlass.min((q // 2) * 8 + 2 * t + q % 2, last)
+                for blk in cutlass.range_constexpr(self.NB):
+                    cute.copy(cp, _cache_vec(mV, page, off, kvh, blk * 8 + g),
+                              s_kv[warp, stage, self.NK + q * self.NB + blk, lane, None])
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBT: cute.Tensor,
+               mLen: cute.Tensor, mOP: cute.Tensor, mLse: cute.Tensor, mO: cute.Tensor,
+               mKN: cute.Tensor, mVN: cute.Tensor, qscale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, kvh, b = cute.arch.block_idx()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        G: cutlass.Constexpr = self.G
+        D: cutlass.Constexpr = self.D
+        P: cutlass.Constexpr = self.P
+        S: cutlass.Constexpr = self.S
+        NC: cutlass.Constexpr = self.NC
+        NV: cutlass.Constexpr = self.NV
+        W: cutlass.Constexpr = self.W
+        g = lane // 4
+        t = lane - g * 4
+        ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        ld_s = _vec_atom()
+        atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+        smem = cutlass.utils.SmemAllocator()
+        s_kv = smem.allocate_tensor(
+            BFloat16, cute.make_layout((W, S, NV, 32, V),
+                                       stride=(S * NV * 32 * V, NV * 32 * V, 32 * V, V, 1)),
+            byte_alignment=128)
+        s_bt = smem.allocate_tensor(Int32, cute.make_layout((self.C // P,)), byte_alignment=16)
+        s_acc = smem.allocate_tensor(
+            Float32, cute.make_layout((W, G, D), stride=(G * D, D, 1)), byte_alignment=16)
+        s_ml = smem.allocate_tensor(
+            Float32, cute.make_layout((W, G, 2), stride=(G * 2, 2, 1)), byte_alignment=16)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        seq_len = mLen[b]
+        t0 = split * self.C
+        if t0 < seq_len:
+            stop = cutlass.min(seq_len, t0 + self.C)
+            for i in cutlass.range(tidx, (stop - t0 + P - 1) // P, self.T):
+                s_bt[i] = mBT[b, t0 // P + i]
+            if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
+                # The step's own key and value go to the cache first; the barrier below
+                # makes them visible to this CTA's cp.async reads (through L2).
+                if stop == seq_len and tidx < D // V:
+                    last = seq_len - 1
+                    lp = last // P
+                    kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    cute.copy(ld_q, _head_vec(mKN, b, kvh, tidx), kn)
+                    cute.copy(ld_q, _head_vec(mVN, b, kvh, tidx), vn)
+                    st = _vec_atom()
+                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
+                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
+            cute.arch.sync_threads()
+            # Q as the A operand: rows g and g + 8 are heads; rows past G are zeros.
+            q_lo = []
+            q_hi = []
+            for c in cutlass.range_constexpr(NC):
+                lo = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                hi = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                lo.fill(0.0)
+                hi.fill(0.0)
+                if g < G:
+                    cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g, c * 4 + t), lo)
+                if cutlass.const_expr(self.HI):  # noqa: SIM102
+                    if g + 8 < G:
+                        cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g + 8, c * 4 + t), hi)
+                q_lo.append(lo)
+                q_hi.append(hi)
+            # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
+            acc_o = []
+            for _n in cutlass.range_constexpr(D // 8):
+                a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
+                a.fill(0.0)
+                acc_o.append(a)
+            run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+            run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+            run_max.fill(NEG_INIT)
+            run_sum.fill(0.0)
+            for k in cutlass.range_constexpr(S - 1):
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, t0, stop, k * W + warp, k, warp, lane)
+                cute.arch.cp_async_commit_group()
+            for it in cutlass.range(self.NIT):
+                k = it * W + warp
+                cute.arch.cp_async_wait_group(S - 2)
+                stage = it % S
+                kv = []  # read whether or not the tile is live (a past tile's bytes: unused)
+                for j in cutlass.range_constexpr(NV):
+                    r = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    cute.copy(ld_s, s_kv[warp, stage, j, lane, None], r)
+                    kv.append(r)
+                # the tile S - 1 ahead, into the stage read in the previous iteration
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, t0, stop, k + (S - 1) * W,
+                           (it + S - 1) % S, warp, lane)
+                cute.arch.cp_async_commit_group()
+                base = t0 + 16 * k
+                if base < stop:
+                    self.tile(atom, q_lo, q_hi, kv, acc_o, run_max, run_sum, base, stop,
+                              qscale, g, t)
+            cute.arch.cp_async_wait_group(0)
+            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, split,
+                          warp, g, t, tidx)
+
+    @cute.jit
+    def tile(self, atom, q_lo, q_hi, kv, acc_o, run_max, run_sum, base, stop, qscale, g, t):
+        """One tile of 16 tokens: scores, the online softmax, ``O += P V``."""
+        NC: cutlass.Constexpr = self.NC
+        NB: cutlass.Constexpr = self.NB
+        NK: cutlass.Constexpr = self.NK
+        acc_s = []
+        for r in cutlass.range_constexpr(2):  # tokens 8 r + j; lane holds j = 2t, 2t + 1
+            a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
+            a.fill(0.0)
+            for c in cutlass.range_constexpr(NC):
+                for s in cutlass.range_constexpr(2):
+                    _mma_k16(atom, a, q_lo[c], q_hi[c], kv[r * NC + c], s)
+            acc_s.append(a)
+        # c0, c1: head g at tokens 8 r + 2t + (0, 1); c2, c3: head g + 8
+        p = cute.make_rmem_tensor(cute.make_layout((8,)), Float32)  # [r, row, q]
+        for h in cutlass.range_constexpr(2 if self.HI else 1):
+            top = run_max[h]
+            for r in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(2):
+                    sv = acc_s[r][2 * h + q] * qscale
+                    if base + 8 * r + 2 * t + q >= stop:
+                        sv = Float32(-float("inf"))
+                    p[r * 4 + h * 2 + q] = sv
+                    top = cute.arch.fmax(top, sv)
+            top = cute.arch.warp_reduction(top, cute.arch.fmax, threads_in_group=4)
+            corr = cute.math.exp2(run_max[h] - top, fastmath=True)
+            run_max[h] = top
+            ssum = run_sum[h] * corr
+            for r in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(2):
+                    e = cute.math.exp2(p[r * 4 + h * 2 + q] - top, fastmath=True)
+                    p[r * 4 + h * 2 + q] = e
+                    ssum = ssum + e
+            run_sum[h] = ssum  # this lane's share; the quad's shares add up at the end
+            for n in cutlass.range_constexpr(len(acc_o)):
+                for q in cutlass.range_constexpr(2):
+                    acc_o[n][2 * h + q] = acc_o[n][2 * h + q] * corr
+        if cutlass.const_expr(not self.HI):
+            for r in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(2):
+                    p[r * 4 + 2 + q] = 0.0
+        # A = P (16 heads x 16 tokens): a0a1 = [g, 2t..], a2a3 = [g + 8, 2t..],
+        # a4a5 = [g, 2t + 8..], a6a7 = [g + 8, 2t + 8..] -- the order p already has.
+        pa = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
+        pa.store(p.load().to(BFloat16))
+        # B = V (16 tokens x 8 columns): b0b1 = tokens 2t, 2t + 1; b2b3 = 2t + 8, 2t + 9;
+        # this lane's column of n-tile i is element i of its 16-byte loads.
+        for blk in cutlass.range_constexpr(NB):
+            for i in cutlass.range_constexpr(V):
+                bv = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
+                for q in cutlass.range_constexpr(4):
+                    bv[q] = kv[NK + q * NB + blk][i]
+                cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
+
+    @cute.jit
+    def epilogue(self, acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, split,
+                 warp, g, t, tidx):
+        """The warps meet in shared memory; each thread then merges whole outputs."""
+        G: cutlass.Constexpr = self.G
+        D: cutlass.Constexpr = self.D
+        W: cutlass.Constexpr = self.W
+        for h in cutlass.range_constexpr(2 if self.HI else 1):
+            head = g + 8 * h
+            tot = cute.arch.warp_reduction(run_sum[h], operator.add, threads_in_group=4)
+            if head < G:
+                for blk in cutlass.range_constexpr(self.NB):
+                    for i in cutlass.range_constexpr(V):
+                        for q in cutlass.range_constexpr(2):
+                            s_acc[warp, head, blk * 64 + 8 * (2 * t + q) + i] = \
+                                acc_o[blk * V + i][2 * h + q]
+                if t == 0:
+                    s_ml[warp, head, 0] = run_max[h]
+                    s_ml[warp, head, 1] = tot
+        cute.arch.sync_threads()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        for e in cutlass.range_constexpr((G * D + self.T - 1) // self.T):
+            idx = e * self.T + tidx
+            if idx < G * D:
+                hh = idx // D
+                d = idx - hh * D
+                top = Float32(NEG_INIT)
+                for w in cutlass.range_constexpr(W):
+                    top = cute.arch.fmax(top, s_ml[w, hh, 0])
+                den = Float32(0.0)
+                num = Float32(0.0)
+                for w in cutlass.range_constexpr(W):
+                    wt = cute.math.exp2(s_ml[w, hh, 0] - top, fastmath=True)
+                    den = den + wt * s_ml[w, hh, 1]
+                    num = num + wt * s_acc[w, hh, d]
+                o = num / den
+                if cutlass.const_expr(self.direct):
+                    mO[b, kvh * G + hh, d] = o.to(BFloat16)
+                else:
+                    mOP[b, kvh * G + hh, split, d] = o
+                    if d == 0:
+                        mLse[b, kvh * G + hh, split] = top + cute.math.log2(den, fastmath=True)

@@ -451,7 +451,7 @@ ATTN_HEADS = (16, 4, 128, 16)  # query heads, KV heads, head dim, page
 def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     """Decode attention over a paged cache (pages shuffled) against the KV bytes' copy
     time; torch = SDPA (GQA) over the same keys laid out contiguously, no paging."""
-    from agentload.kernels.presets import ATTN_TILES
+    from agentload.kernels.presets import ATTN_MMA_TILES, ATTN_TILES
     from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
 
     hq, hkv, d, page = ATTN_HEADS
@@ -468,26 +468,33 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    best: tuple[float, tuple[int, int, int, bool], str] | None = None
-    for c, (threads, unroll, pipe) in itertools.product(ATTN_CHUNKS, ATTN_TILES):
+    # (chunk, threads, unroll, pipe, mma, stages): CUDA-core tiles, then tensor-core ones
+    tiles = [(c, t, u, p, False, 3) for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
+    tiles += [(c, t, 4, False, True, st)
+              for c, (t, st) in itertools.product(ATTN_CHUNKS, ATTN_MMA_TILES)
+              if c % (16 * (t // 32)) == 0]
+    best: tuple[float, tuple[int, int, int, bool, bool, int], str] | None = None
+    for tile in tiles:
+        c, threads, unroll, pipe, mma, stages = tile
         if c != auto and not 32 <= batch * hkv * -(-ctx // c) <= 8 * rep.ceil.sms:
             continue
-        tile = (c, threads, unroll, pipe)
-        tag = f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else "")
+        tag = (f"chunk {c} mma t{threads} s{stages}" if mma else
+               f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
         outs[0].fill_(float("nan"))
         try:
             ops.decode_attention(qs[0], kc[0], vc[0], table, lens, max_len=ctx, out=outs[0],
-                                 chunk=c, threads=threads, unroll=unroll, pipe=pipe)
+                                 chunk=c, threads=threads, unroll=unroll, pipe=pipe, mma=mma,
+                                 stages=stages)
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip attention {tag}: {str(exc)[:120]}", flush=True)
             continue
         rep.check(f"attention b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
                   reference.BF16_TOL)
 
-        def ours(i: int, tl: tuple[int, int, int, bool]) -> Any:
+        def ours(i: int, tl: tuple[int, int, int, bool, bool, int]) -> Any:
             return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
                                         out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
-                                        pipe=tl[3])
+                                        pipe=tl[3], mma=tl[4], stages=tl[5])
 
         us = graph_us([partial(ours, i, tile) for i in range(sets)])
         rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
@@ -510,10 +517,10 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
     k_ours = None
     if best is not None:
-        c, threads, unroll, pipe = best[1]
+        c, threads, unroll, pipe, mma, stages = best[1]
         k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
                                       max_len=ctx, chunk=c, threads=threads, unroll=unroll,
-                                      pipe=pipe, out=outs[0]))
+                                      pipe=pipe, mma=mma, stages=stages, out=outs[0]))
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
@@ -570,6 +577,31 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             std_g = graph_us([stack("standard")], min_calls=1) / depth
             fus_e = eager_us(stack("fused")) / depth
             fus_g = graph_us([stack("fused")], min_calls=1) / depth
+            # the fused path's options, each checked and timed; the fastest is the row's
+            tried = {"default": fus_g}
+            best_knobs = {"attention_mma": False, "expert_pass_tiles": 0}
+            for knobs in layer_knobs(b):
+                tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
+                for lay in layers:
+                    for k, v in {"attention_mma": False, "expert_pass_tiles": 0,
+                                 **knobs}.items():
+                        setattr(lay, k, v)
+                try:
+                    got = MoELayer.result(layers[0].fused(x0, r0, kv0))
+                    rep.check(f"layer b{b} ctx{ctx} fused {tag}",
+                              reference.rel_err(got, layers[0].reference(
+                                  x0, r0, layers[0].last_ids, kv=kv0)), reference.BF16_TOL)
+                    us = graph_us([stack("fused")], min_calls=1) / depth
+                except Exception as exc:  # a variant missing from the AOT cache: say so
+                    print(f"  skip layer {tag}: {str(exc)[:120]}", flush=True)
+                    continue
+                tried[tag] = us
+                if us < fus_g:
+                    fus_g, best_knobs = us, {"attention_mma": False, "expert_pass_tiles": 0,
+                                             **knobs}
+            for lay in layers:  # the kernel count, trace and SoL below use the best
+                for k, v in best_knobs.items():
+                    setattr(lay, k, v)
             k_std = kernel_count(partial(layers[0].standard, x0, r0, kv0))
             k_fus = kernel_count(partial(layers[0].fused, x0, r0, kv0))
             # SoL counts the experts this traffic actually routed to (mean over the stack)
@@ -584,13 +616,26 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
                    "kv_bytes": cfg.kv_bytes_read(b, ctx), "step_bytes": nbytes, "sol_us": sol,
                    "standard_eager_us": std_e, "standard_graph_us": std_g,
                    "fused_eager_us": fus_e, "fused_graph_us": fus_g, "compile_us": None,
-                   "kernels_standard": k_std, "kernels_fused": k_fus}
+                   "kernels_standard": k_std, "kernels_fused": k_fus,
+                   "fused_variants_us": tried, "fused_best": best_knobs}
             rep.layers.append(row)
             _print_layer(row)
             rep.save()
             del states, kv0
             torch.cuda.empty_cache()
     return layers
+
+
+def layer_knobs(batch: int) -> list[dict[str, Any]]:
+    """The fused layer's options the benchmark tries beside its defaults: attention on
+    tensor cores, and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles."""
+    passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
+    out: list[dict[str, Any]] = []
+    for mma in (False, True):
+        for pt in passes:
+            if mma or pt:
+                out.append({"attention_mma": mma, "expert_pass_tiles": pt})
+    return out
 
 
 def _print_layer(row: dict[str, Any]) -> None:
@@ -605,6 +650,9 @@ def _print_layer(row: dict[str, Any]) -> None:
           f"{row['fused_graph_us'] / row['sol_us']:5.1f}x "
           f"{row['standard_graph_us'] / row['fused_graph_us']:7.1f}x "
           f"{row['kernels_fused'] / row['kernels_standard']:7.2f}", flush=True)
+    if len(row.get("fused_variants_us", {})) > 1:
+        print("        fused, graph µs: " + "; ".join(
+            f"{k} {v:.1f}" for k, v in row["fused_variants_us"].items()), flush=True)
 
 
 # -- trace ----------------------------------------------------------------------------------
@@ -719,6 +767,11 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
         if trace_dir is not None:
             for b in (1, 8, 64):
                 ctx = CONTEXTS[0]
+                for row in rep.layers:  # the fused options that won at this batch
+                    if row["batch"] == b and row["context"] == ctx:
+                        for lay in layers:
+                            for k, v in row.get("fused_best", {}).items():
+                                setattr(lay, k, v)
                 path = capture_trace(layers, b, trace_dir / f"kernels-trace-b{b}.json", ctx)
                 table = layer_table(path)
                 rep.trace += [{"batch": b, "context": ctx, **t} for t in table]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from agentload.kernels import ops, reference
-from agentload.kernels.presets import LayerConfig
+from agentload.kernels.presets import ATTN_MMA_LAYER, LayerConfig
 from agentload.kernels.specs import GEMV_MAX_ROWS, MMA_MAX_ROWS
 
 _BF16 = torch.bfloat16
@@ -113,6 +113,8 @@ class MoELayer:
         self.expert_gemm_from = 2
         #: token tiles per pass of the expert GEMM (0: one pass; see ops.expert_gemm)
         self.expert_pass_tiles = 0
+        #: attention on the tensor-core kernel (presets.ATTN_MMA_LAYER's tile)
+        self.attention_mma = False
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -158,8 +160,10 @@ class MoELayer:
     def _attention(self, qkv: torch.Tensor, kv: KVState, pdl: bool) -> torch.Tensor:
         cfg = self.cfg
         q, kn, vn = split_qkv(cfg, qkv)
+        threads, stages = ATTN_MMA_LAYER if self.attention_mma else (128, 3)
         out = ops.decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens,
-                                   max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl)
+                                   max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl,
+                                   mma=self.attention_mma, threads=threads, stages=stages)
         return out.view(qkv.shape[0], cfg.heads * cfg.head_dim)
 
     def fused(self, x_slots: torch.Tensor, residual: torch.Tensor,

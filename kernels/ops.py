@@ -253,7 +253,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                      scale: float | None = None, chunk: int | None = None,
                      out: torch.Tensor | None = None, pdl: bool = False,
-                     threads: int = 128, unroll: int = 4, pipe: bool = False) -> torch.Tensor:
+                     threads: int = 128, unroll: int = 4, pipe: bool = False,
+                     mma: bool = False, stages: int = 3) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -266,7 +267,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     attended from there and appended to the cache in the same kernel. ``q``, ``k_new`` and
     ``v_new`` may be column slices of the q/k/v projection's output. ``threads`` and
     ``unroll`` pick the CTA's tile (warps, and steps whose loads are issued together);
-    ``pipe`` issues each step's loads during the previous step's math.
+    ``pipe`` issues each step's loads during the previous step's math. ``mma`` takes the
+    tensor-core kernel instead: ``threads / 32`` warps of 16-token tiles, each streamed
+    ``stages - 1`` tiles ahead into shared memory (pages of a multiple of 16 tokens).
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -285,12 +288,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not 1 <= max_len <= block_table.shape[1] * page:
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
-    c = chunk or attention_chunk(b, hkv, max_len)
+    # tokens one iteration of the CTA covers: the chunk must be a multiple of them
+    step = 16 * (threads // 32) if mma else (threads // 32) * (256 // d) * unroll
+    c = chunk or attention_chunk(b, hkv, max_len, step=step)
     splits = -(-max_len // c)
     direct = splits == 1
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
-                                 pipe=pipe)
+                                 pipe=pipe, mma=mma, stages=stages)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that

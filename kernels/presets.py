@@ -91,12 +91,17 @@ class LayerConfig:
 
     def attention_specs(self, batch: int, context: int, *, pdl: bool) -> list[KernelSpec]:
         """The attention kernel (and its combine) the fused path uses at this shape."""
-        c = attention_chunk(batch, self.kv_heads, context)
-        direct = context <= c
-        out = [decode_attention_spec(self.head_dim, self.group, self.page, c, direct=direct,
-                                     pdl=pdl, fresh=True)]
-        if not direct:
-            out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
+        out = []
+        for mma in (False, True):  # the CUDA-core kernel, and the tensor-core one
+            step = 16 * (ATTN_MMA_LAYER[0] // 32) if mma else 32
+            c = attention_chunk(batch, self.kv_heads, context, step=step)
+            direct = context <= c
+            out.append(decode_attention_spec(
+                self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl, fresh=True,
+                mma=mma, threads=ATTN_MMA_LAYER[0] if mma else 128,
+                stages=ATTN_MMA_LAYER[1]))
+            if not direct:
+                out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
         return out
 
     def specs(self, batch: int) -> list[KernelSpec]:
@@ -178,6 +183,12 @@ ATTN_TILES = ((128, 4, False), (128, 8, False), (256, 4, False), (128, 4, True),
               (128, 8, True))
 
 
+#: (threads, stages) tiles of the tensor-core attention the benchmark tries; the first is
+#: the one the fused layer uses with ``MoELayer.attention_mma``.
+ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2))
+ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
+
+
 def attention_variants() -> list[KernelSpec]:
     """Every chunk length of each attention shape, direct and split, and their combines;
     on the layer's shape also every tile of :data:`ATTN_TILES` and the ``fresh`` variants
@@ -193,6 +204,15 @@ def attention_variants() -> list[KernelSpec]:
                                                      pipe=pipe))
                 if i == 0:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True))
+                for threads, stages in ATTN_MMA_TILES if i == 0 else ATTN_MMA_TILES[:1]:
+                    if c % (16 * (threads // 32)) == 0:
+                        out.append(decode_attention_spec(d, g, p, c, direct=direct,
+                                                         threads=threads, mma=True,
+                                                         stages=stages))
+                if i == 0 and c % (16 * (ATTN_MMA_LAYER[0] // 32)) == 0:
+                    out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True,
+                                                     mma=True, threads=ATTN_MMA_LAYER[0],
+                                                     stages=ATTN_MMA_LAYER[1]))
             out.append(attention_combine_spec(d, c))
     return out
 

@@ -24,6 +24,7 @@ MMA_MAX_ROWS = 64  #: tensor-core GEMV and expert GEMM: up to 8 token tiles of 8
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
 ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
 ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
+ATTN_MMA_MAX_GROUP = 16  #: query heads per KV head on tensor cores (the MMA's 16 rows)
 #: Split-KV chunk lengths compiled. The long ones serve batches whose sequences and KV
 #: heads alone fill the GPU: one chunk per sequence, no combine kernel.
 ATTN_CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -225,12 +226,21 @@ def router_spec(hidden: int, experts: int, topk: int, groups: int, topk_group: i
 def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           direct: bool, threads: int = 128, unroll: int = 4,
                           pdl: bool = False, fresh: bool = False,
-                          pipe: bool = False) -> KernelSpec:
+                          pipe: bool = False, mma: bool = False,
+                          stages: int = 3) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
     own key and value from the projection and appends them to the cache; ``pipe`` issues
-    each iteration's loads during the previous iteration's math (double-buffered)."""
+    each iteration's loads during the previous iteration's math (double-buffered).
+
+    ``mma``: the tensor-core kernel (:class:`DecodeAttentionMma`): ``threads / 32`` warps
+    each take tiles of 16 tokens, streamed ``stages - 1`` tiles ahead by ``cp.async``; up
+    to 16 query heads per KV head, head dim a multiple of 64, pages of a multiple of 16
+    tokens (``unroll`` and ``pipe`` do not apply)."""
+    if mma:
+        return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
+                                   threads=threads, stages=stages, pdl=pdl, fresh=fresh)
     if head_dim not in ATTN_HEAD_DIMS:
         raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
     if not 1 <= group <= ATTN_MAX_GROUP:
@@ -249,6 +259,32 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
         items["fresh"] = True
     if pipe:
         items["pipe"] = True
+    return _spec("decode_attn", pdl, **items)
+
+
+def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
+                        threads: int, stages: int, pdl: bool, fresh: bool) -> KernelSpec:
+    if head_dim % 64 or not 64 <= head_dim <= 256:
+        raise KernelsError(f"tensor-core attention takes a head dim of 64, 128, 192 or 256, "
+                           f"got {head_dim}")
+    if not 1 <= group <= ATTN_MMA_MAX_GROUP:
+        raise KernelsError(f"tensor-core attention takes 1..{ATTN_MMA_MAX_GROUP} query heads "
+                           f"per KV head (the MMA's rows), got {group}")
+    if page < 16 or page % 16:
+        raise KernelsError(f"tensor-core attention needs pages of a multiple of 16 tokens "
+                           f"(one page per tile), got {page}")
+    if threads % 32 or not 32 <= threads <= 512:
+        raise KernelsError(f"threads must be a multiple of 32 up to 512, got {threads}")
+    if not 2 <= stages <= 6:
+        raise KernelsError(f"stages must be 2..6, got {stages}")
+    step = (threads // 32) * 16
+    if chunk % step:
+        raise KernelsError(f"chunk {chunk} must be a multiple of the {step} tokens "
+                           f"{threads // 32} warps take per iteration")
+    items: dict[str, int | bool] = {"d": head_dim, "g": group, "p": page, "c": chunk,
+                                    "t": threads, "mma": True, "st": stages, "direct": direct}
+    if fresh:
+        items["fresh"] = True
     return _spec("decode_attn", pdl, **items)
 
 

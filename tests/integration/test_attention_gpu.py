@@ -78,8 +78,38 @@ def test_pipelined_loads_give_the_same_answer(chunk: int, unroll: int) -> None:
     assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize(("lens", "hq", "hkv"), [
+    ([1], 16, 4),
+    ([37], 16, 4),
+    ([32768], 16, 4),
+    ([1000, 17, 4096, 2500, 1, 333, 2049, 64], 32, 8),
+    ([4096] * 64, 16, 4),
+    ([3000, 5], 8, 8),                   # MHA: one real row of the MMA's 16
+    ([2000, 31], 32, 4),                 # group 8
+])
+def test_tensor_core_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) -> None:
+    q, k, v, table, seq = paged_case(lens, hq, hkv, seed=len(lens))
+    out = torch.full_like(q, float("nan"))
+    ops.decode_attention(q, k, v, table, seq, max_len=max(lens), out=out, mma=True)
+    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+
+
+@pytest.mark.parametrize(("chunk", "threads", "stages"),
+                         [(64, 128, 3), (512, 128, 2), (256, 64, 4), (2048, 256, 2)])
+def test_tensor_core_tiles_give_the_same_answer(chunk: int, threads: int, stages: int) -> None:
+    # ragged lengths end mid-tile and mid-page; one sequence is a single token; a chunk
+    # of more tiles than a warp has stages wraps the ring of shared-memory slots
+    q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=13)
+    out = torch.full_like(q, float("nan"))
+    ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
+                         stages=stages, mma=True, out=out)
+    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+
+
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("lens", [[4096, 1, 777], [40]])
-def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int]) -> None:
+def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int],
+                                                               mma: bool) -> None:
     # q, k_new, v_new are column slices of one projection output, as in the layer.
     _, k, v, table, seq = paged_case(lens, 16, 4, seed=7)
     b = len(lens)
@@ -88,7 +118,8 @@ def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int]) -
     kn = qkv[:, 2048:2560].view(b, 4, 128)
     vn = qkv[:, 2560:].view(b, 4, 128)
     k_before, v_before = k.clone(), v.clone()
-    out = ops.decode_attention(qv, k, v, table, seq, max_len=max(lens), k_new=kn, v_new=vn)
+    out = ops.decode_attention(qv, k, v, table, seq, max_len=max(lens), k_new=kn, v_new=vn,
+                               mma=mma)
     for i, n in enumerate(lens):  # what the kernel must have appended
         page, slot = int(table[i, (n - 1) // 16]), (n - 1) % 16
         k_before[page, slot], v_before[page, slot] = kn[i], vn[i]
@@ -97,13 +128,15 @@ def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int]) -
     assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
-def test_decode_attention_replays_in_a_cuda_graph() -> None:
+@pytest.mark.parametrize("mma", [False, True])
+def test_decode_attention_replays_in_a_cuda_graph(mma: bool) -> None:
     q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=5)
     out = torch.empty_like(q)
-    ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out)  # load outside capture
+    # loaded outside the capture
+    ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out)
+        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma)
     q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
     graph.replay()
     torch.cuda.synchronize()
@@ -120,6 +153,9 @@ def test_decode_attention_rejects_bad_inputs() -> None:
         ops.decode_attention(q, k, v, table.long(), seq, max_len=100)
     with pytest.raises(KernelsError, match="go together"):
         ops.decode_attention(q, k, v, table, seq, max_len=100, k_new=q[:, :4])
+    with pytest.raises(KernelsError, match="multiple of 16 tokens"):
+        ops.decode_attention(q, k.view(-1, 8, 4, 128), v.view(-1, 8, 4, 128), table, seq,
+                             max_len=50, mma=True)
     with pytest.raises(KernelsError, match="contiguous heads"):
         ops.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, table,
                              seq, max_len=100)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agentload.kernels import KernelsError, LayerConfig, bench_specs
-from agentload.kernels.presets import gemv_variants
+from agentload.kernels.presets import ATTN_MMA_TILES, gemv_variants
 from agentload.kernels.specs import (
     add_rmsnorm_spec,
     attention_chunk,
@@ -175,6 +175,24 @@ def test_attention_shape_rules() -> None:
     assert decode_attention_spec(64, 4, 16, 64, direct=True).get("c") == 64
 
 
+def test_tensor_core_attention_shape_rules() -> None:
+    spec = decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, stages=3)
+    assert spec.key() == "decodeattn-d128-g4-p16-c512-t128-mma1-st3-direct0"
+    # up to 16 heads per KV head (the MMA's rows: an MLA-like group of 16 fits)
+    assert decode_attention_spec(128, 16, 16, 512, direct=False, mma=True).get("g") == 16
+    with pytest.raises(KernelsError, match=r"1\.\.16 query heads"):
+        decode_attention_spec(128, 17, 16, 512, direct=False, mma=True)
+    with pytest.raises(KernelsError, match="head dim"):
+        decode_attention_spec(96, 4, 16, 512, direct=False, mma=True)
+    with pytest.raises(KernelsError, match="multiple of 16 tokens"):
+        decode_attention_spec(128, 4, 8, 512, direct=False, mma=True)
+    # 4 warps x 16 tokens a tile = 64 tokens an iteration
+    with pytest.raises(KernelsError, match="multiple of the 64 tokens"):
+        decode_attention_spec(128, 4, 16, 32, direct=False, mma=True)
+    with pytest.raises(KernelsError, match="stages"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, stages=1)
+
+
 def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
     # batch 1, 4 KV heads, 32k: 64 chunks of 512 x 4 heads = 256 CTAs (2 per SM of 132)
     assert attention_chunk(1, 4, 32768) == 512
@@ -192,6 +210,15 @@ def test_every_attention_variant_is_compiled_ahead_of_time() -> None:
         assert decode_attention_spec(128, 4, 16, c, direct=True).key() in keys
         assert decode_attention_spec(128, 4, 16, c, direct=False).key() in keys
         assert attention_combine_spec(128, c).key() in keys
+        for threads, stages in ATTN_MMA_TILES:  # the tensor-core tiles the bench tries
+            if c % (16 * (threads // 32)) == 0:  # a chunk of whole iterations
+                    assert decode_attention_spec(128, 4, 16, c, direct=False, mma=True,
+                                             threads=threads, stages=stages).key() in keys
+    # the fused layer's attention on tensor cores, at every batch and context it runs
+    cfg = LayerConfig()
+    for b in (1, 8, 64):
+        for s in cfg.attention_specs(b, 32768, pdl=True):
+            assert s.key() in keys
 
 
 torch = pytest.importorskip("torch")
