@@ -90,10 +90,12 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "decode_attn":
         d = int(g("d"))
         b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
+        dv = int(g("dv", 0)) or d  # the value's width (MLA: the key's latent prefix)
         if g("mma", False):
             fn = _cute_attention.DecodeAttentionMma(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
-                bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)))
+                bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)), dv,
+                bool(g("latent", False)))
         else:
             fn = _cute_attention.DecodeAttention(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")), int(g("u")),
@@ -106,8 +108,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
 
         cache = _t(BFloat16, (pages, int(g("p")), hkv, d))
         return fn, (heads(hq), cache, _t(BFloat16, (pages, int(g("p")), hkv, d)),
-                    _t(Int32, (b, maxp)), _t(Int32, (b,)), _t(Float32, (b, hq, splits, d)),
-                    _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, d)), heads(hkv),
+                    _t(Int32, (b, maxp)), _t(Int32, (b,)), _t(Float32, (b, hq, splits, dv)),
+                    _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, dv)), heads(hkv),
                     heads(hkv), Float32(1.0), stream)
     if spec.kind == "attn_combine":
         d = int(g("d"))

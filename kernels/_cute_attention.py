@@ -248,15 +248,17 @@ class DecodeAttention:
 class AttentionCombine:
     """Merge the chunks of :class:`DecodeAttention`: ``out = sum_s 2^lse_s o_s / sum_s 2^lse_s``.
 
-    One CTA per (query head, sequence); each warp streams every ``W``-th chunk (16 bytes
-    of ``o_s`` per lane, so ``D / 4`` lanes per chunk row), merging online, and the warps
+    One CTA per (query head, sequence); each warp streams every ``W``-th chunk (``E``
+    floats of ``o_s`` per lane: 4, or ``D / 32`` for rows wider than 128, so ``D / E``
+    lanes per chunk row), merging online, and the warps
     meet in shared memory. The number of chunks of sequence ``b`` is
     ``ceil(seq_lens[b] / C)``.
     """
 
     def __init__(self, head_dim: int, chunk: int, threads: int, pdl: bool = False) -> None:
         self.D, self.C, self.T, self.pdl = head_dim, chunk, threads, pdl
-        self.LR = head_dim // 4  # lanes per chunk row (4 floats each)
+        self.E = max(4, head_dim // 32)  # floats per lane
+        self.LR = head_dim // self.E  # lanes per chunk row
         self.RPW = 32 // self.LR  # chunk rows per warp per step
         self.R = (threads // 32) * self.RPW  # chunk rows in flight per CTA
 
@@ -274,6 +276,7 @@ class AttentionCombine:
         D: cutlass.Constexpr = self.D
         R: cutlass.Constexpr = self.R
         LR: cutlass.Constexpr = self.LR
+        E: cutlass.Constexpr = self.E
         row = tidx // LR
         li = tidx - row * LR
         smem = cutlass.utils.SmemAllocator()
@@ -286,22 +289,22 @@ class AttentionCombine:
         n = (mLen[b] + self.C - 1) // self.C
         top = Float32(NEG_INIT)
         den = Float32(0.0)
-        acc = cute.make_rmem_tensor(cute.make_layout((4,)), Float32)
+        acc = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
         acc.fill(0.0)
         for s in cutlass.range(row, n, R, unroll=4):
             lse = mLse[b, hq, s]
-            part = cute.make_rmem_tensor(cute.make_layout((4,)), Float32)
-            cute.autovec_copy(cute.local_tile(mOP, (1, 1, 1, 4), (b, hq, s, li))[0, 0, 0, None],
+            part = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
+            cute.autovec_copy(cute.local_tile(mOP, (1, 1, 1, E), (b, hq, s, li))[0, 0, 0, None],
                               part)
             new_top = cute.arch.fmax(top, lse)
             corr = cute.math.exp2(top - new_top, fastmath=True)
             w = cute.math.exp2(lse - new_top, fastmath=True)
             den = den * corr + w
-            for v in cutlass.range_constexpr(4):
+            for v in cutlass.range_constexpr(E):
                 acc[v] = acc[v] * corr + w * part[v]
             top = new_top
-        for v in cutlass.range_constexpr(4):
-            s_acc[row, li * 4 + v] = acc[v]
+        for v in cutlass.range_constexpr(E):
+            s_acc[row, li * E + v] = acc[v]
         if li == 0:
             s_ml[row, 0] = top
             s_ml[row, 1] = den
@@ -327,7 +330,12 @@ class DecodeAttentionMma:
     """Split-KV decode attention on tensor cores, KV streamed by ``cp.async`` (GQA).
 
     Same tensors, grid and outputs as :class:`DecodeAttention`, for ``D`` a multiple of
-    64, up to 16 query heads per KV head and pages of a multiple of 16 tokens. Each warp
+    64, up to 16 query heads per KV head and pages of a multiple of 16 tokens. ``latent``
+    is MLA (DeepSeek-V3 / Kimi, projections absorbed): one KV head whose key is
+    ``D`` wide (latent + rope, e.g. 512 + 64) and whose value is the key's first ``DV``
+    columns (``v_cache`` unread); the value columns are split over ``DV / 128`` CTAs per
+    chunk (each scores the whole key; the chunk's bytes come from L2 after the first).
+    Each warp
     takes tiles of 16 tokens (one page's worth or less, so one block-table entry per
     tile); the CTA's page ids sit in shared memory. A tile's keys and values go to this
     lane's own slots of shared memory with ``cp.async``, ``S - 1`` tiles ahead of the
@@ -344,17 +352,23 @@ class DecodeAttentionMma:
     """
 
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
-                 stages: int, direct: bool, pdl: bool = False, fresh: bool = False) -> None:
+                 stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
+                 value_dim: int = 0, latent: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
+        self.DV = value_dim or head_dim
+        self.DVS = 128 if latent else self.DV  # value columns per CTA
+        self.NSL = self.DV // self.DVS  # CTAs per (chunk, KV head)
+        self.latent = latent
         self.W, self.S = warps, stages
         self.T = warps * 32
         self.direct, self.pdl, self.fresh = direct, pdl, fresh
         self.NC = head_dim // 32  # 32-wide head-dim chunks: 16-byte K loads per token row
-        self.NB = head_dim // 64  # 64-wide blocks: 16-byte V loads per token
+        self.NB = self.DVS // 64  # 64-wide blocks: 16-byte V loads per token
         self.NK = 2 * self.NC  # K vectors per lane per tile (two n-tiles of 8 tokens)
         self.NV = self.NK + 4 * self.NB  # + V vectors (4 tokens per lane)
         self.NIT = chunk // (16 * warps)  # tiles per warp
         self.HI = group > 8  # the MMA's rows 8-15 hold real heads
+        self.QS = self.NC > 8  # Q's fragments in shared memory (registers for wide keys)
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale: Float32,
@@ -363,13 +377,14 @@ class DecodeAttentionMma:
         hkv = mK.shape[2]
         splits = mOP.shape[2]
         smem = (self.W * self.S * self.NV * 32 * 16 + self.C // self.P * 4
-                + self.W * self.G * (self.D + 2) * 4 + 256)
+                + self.W * self.G * (self.DVS + 2) * 4 + 256
+                + (self.NC * 2 * 32 * 16 if self.QS else 0))
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
-            grid=[splits, hkv, b], block=[self.T, 1, 1], smem=smem, stream=stream,
+            grid=[splits, hkv * self.NSL, b], block=[self.T, 1, 1], smem=smem, stream=stream,
             use_pdl=self.pdl)
 
     @cute.jit
-    def issue(self, mK, mV, s_kv, s_bt, b, kvh, t0, stop, k, stage, warp, lane):
+    def issue(self, mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k, stage, warp, lane):
         """``cp.async`` this lane's key and value vectors of tile ``k`` (tokens
         ``t0 + 16 k ..``) into its slots of ``stage``; tokens past ``stop`` read the last
         valid one (finite values, weighted 0)."""
@@ -391,7 +406,10 @@ class DecodeAttentionMma:
             for q in cutlass.range_constexpr(4):
                 off = slot0 + cutlass.min((q // 2) * 8 + 2 * t + q % 2, last)
                 for blk in cutlass.range_constexpr(self.NB):
-                    cute.copy(cp, _cache_vec(mV, page, off, kvh, blk * 8 + g),
+                    # MLA: the value is the key's latent prefix, this CTA's columns of it
+                    src = mK if self.latent else mV
+                    col = sl * (self.DVS // V) + blk * 8 + g
+                    cute.copy(cp, _cache_vec(src, page, off, kvh, col),
                               s_kv[warp, stage, self.NK + q * self.NB + blk, lane, None])
 
     @cute.kernel
@@ -399,11 +417,14 @@ class DecodeAttentionMma:
                mLen: cute.Tensor, mOP: cute.Tensor, mLse: cute.Tensor, mO: cute.Tensor,
                mKN: cute.Tensor, mVN: cute.Tensor, qscale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
-        split, kvh, b = cute.arch.block_idx()
+        split, hy, b = cute.arch.block_idx()
+        kvh = hy // self.NSL
+        sl = hy - kvh * self.NSL  # which DVS value columns
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         G: cutlass.Constexpr = self.G
         D: cutlass.Constexpr = self.D
+        DVS: cutlass.Constexpr = self.DVS
         P: cutlass.Constexpr = self.P
         S: cutlass.Constexpr = self.S
         NC: cutlass.Constexpr = self.NC
@@ -412,7 +433,6 @@ class DecodeAttentionMma:
         g = lane // 4
         t = lane - g * 4
         ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
-        ld_s = _vec_atom()
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
         smem = cutlass.utils.SmemAllocator()
         s_kv = smem.allocate_tensor(
@@ -421,9 +441,14 @@ class DecodeAttentionMma:
             byte_alignment=128)
         s_bt = smem.allocate_tensor(Int32, cute.make_layout((self.C // P,)), byte_alignment=16)
         s_acc = smem.allocate_tensor(
-            Float32, cute.make_layout((W, G, D), stride=(G * D, D, 1)), byte_alignment=16)
+            Float32, cute.make_layout((W, G, DVS), stride=(G * DVS, DVS, 1)), byte_alignment=16)
         s_ml = smem.allocate_tensor(
             Float32, cute.make_layout((W, G, 2), stride=(G * 2, 2, 1)), byte_alignment=16)
+        s_q = None
+        if cutlass.const_expr(self.QS):
+            s_q = smem.allocate_tensor(
+                BFloat16, cute.make_layout((NC, 2, 32, V), stride=(64 * V, 32 * V, V, 1)),
+                byte_alignment=16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         seq_len = mLen[b]
@@ -445,25 +470,11 @@ class DecodeAttentionMma:
                     st = _vec_atom()
                     cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
                     cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
-            cute.arch.sync_threads()
-            # Q as the A operand: rows g and g + 8 are heads; rows past G are zeros.
-            q_lo = []
-            q_hi = []
-            for c in cutlass.range_constexpr(NC):
-                lo = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                hi = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                lo.fill(0.0)
-                hi.fill(0.0)
-                if g < G:
-                    cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g, c * 4 + t), lo)
-                if cutlass.const_expr(self.HI):  # noqa: SIM102
-                    if g + 8 < G:
-                        cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g + 8, c * 4 + t), hi)
-                q_lo.append(lo)
-                q_hi.append(hi)
+            q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
+            cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
             # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
             acc_o = []
-            for _n in cutlass.range_constexpr(D // 8):
+            for _n in cutlass.range_constexpr(DVS // 8):
                 a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
                 a.fill(0.0)
                 acc_o.append(a)
@@ -472,43 +483,91 @@ class DecodeAttentionMma:
             run_max.fill(NEG_INIT)
             run_sum.fill(0.0)
             for k in cutlass.range_constexpr(S - 1):
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, t0, stop, k * W + warp, k, warp, lane)
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * W + warp, k, warp,
+                           lane)
                 cute.arch.cp_async_commit_group()
             for it in cutlass.range(self.NIT):
                 k = it * W + warp
                 cute.arch.cp_async_wait_group(S - 2)
-                stage = it % S
-                kv = []  # read whether or not the tile is live (a past tile's bytes: unused)
-                for j in cutlass.range_constexpr(NV):
-                    r = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    cute.copy(ld_s, s_kv[warp, stage, j, lane, None], r)
-                    kv.append(r)
                 # the tile S - 1 ahead, into the stage read in the previous iteration
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, t0, stop, k + (S - 1) * W,
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * W,
                            (it + S - 1) % S, warp, lane)
                 cute.arch.cp_async_commit_group()
                 base = t0 + 16 * k
                 if base < stop:
-                    self.tile(atom, q_lo, q_hi, kv, acc_o, run_max, run_sum, base, stop,
-                              qscale, g, t)
+                    self.tile(atom, q_lo, q_hi, s_q, s_kv, it % S, warp, lane, acc_o, run_max,
+                              run_sum, base, stop, qscale)
             cute.arch.cp_async_wait_group(0)
-            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, split,
-                          warp, g, t, tidx)
+            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,
+                          split, warp, g, t, tidx)
 
     @cute.jit
-    def tile(self, atom, q_lo, q_hi, kv, acc_o, run_max, run_sum, base, stop, qscale, g, t):
-        """One tile of 16 tokens: scores, the online softmax, ``O += P V``."""
+    def q_fragments(self, mQ, s_q, b, kvh, warp, g, t, lane):
+        """Q as the A operand: this lane's 16 bytes of heads g and g + 8 (zeros past G) at
+        each 32-wide chunk; in registers, or (wide keys: MLA) written by warp 0 to shared
+        memory, which every warp then reads per chunk."""
+        G: cutlass.Constexpr = self.G
+        ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+        st = _vec_atom()
+        q_lo = []
+        q_hi = []
+        for c in cutlass.range_constexpr(self.NC):
+            lo = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            hi = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            lo.fill(0.0)
+            hi.fill(0.0)
+            if g < G:
+                cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g, c * 4 + t), lo)
+            if cutlass.const_expr(self.HI):  # noqa: SIM102
+                if g + 8 < G:
+                    cute.copy(ld_q, _head_vec(mQ, b, kvh * G + g + 8, c * 4 + t), hi)
+            if cutlass.const_expr(self.QS):
+                if warp == 0:
+                    cute.copy(st, lo, s_q[c, 0, lane, None])
+                    cute.copy(st, hi, s_q[c, 1, lane, None])
+            else:
+                q_lo.append(lo)
+                q_hi.append(hi)
+        return q_lo, q_hi
+
+    @cute.jit
+    def tile(self, atom, q_lo, q_hi, s_q, s_kv, stage, warp, lane, acc_o, run_max, run_sum,
+             base, stop, qscale):
+        """One tile of 16 tokens: scores, the online softmax, ``O += P V``; each 16-byte
+        vector is read from shared memory when its MMA needs it."""
         NC: cutlass.Constexpr = self.NC
         NB: cutlass.Constexpr = self.NB
         NK: cutlass.Constexpr = self.NK
+        g = lane // 4
+        t = lane - g * 4
+        ld_s = _vec_atom()
+
+        def vec(j: int) -> object:
+            r = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+            cute.copy(ld_s, s_kv[warp, stage, j, lane, None], r)
+            return r
+
         acc_s = []
-        for r in cutlass.range_constexpr(2):  # tokens 8 r + j; lane holds j = 2t, 2t + 1
+        for _r in cutlass.range_constexpr(2):  # tokens 8 r + j; lane holds j = 2t, 2t + 1
             a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
             a.fill(0.0)
-            for c in cutlass.range_constexpr(NC):
-                for s in cutlass.range_constexpr(2):
-                    _mma_k16(atom, a, q_lo[c], q_hi[c], kv[r * NC + c], s)
             acc_s.append(a)
+        for c in cutlass.range_constexpr(NC):
+            if cutlass.const_expr(self.QS):
+                lo = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                hi = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                cute.copy(ld_s, s_q[c, 0, lane, None], lo)
+                if cutlass.const_expr(self.HI):
+                    cute.copy(ld_s, s_q[c, 1, lane, None], hi)
+                else:
+                    hi.fill(0.0)
+            else:
+                lo = q_lo[c]
+                hi = q_hi[c]
+            for r in cutlass.range_constexpr(2):
+                kv = vec(r * NC + c)
+                for s in cutlass.range_constexpr(2):
+                    _mma_k16(atom, acc_s[r], lo, hi, kv, s)
         # c0, c1: head g at tokens 8 r + 2t + (0, 1); c2, c3: head g + 8
         p = cute.make_rmem_tensor(cute.make_layout((8,)), Float32)  # [r, row, q]
         for h in cutlass.range_constexpr(2 if self.HI else 1):
@@ -544,18 +603,19 @@ class DecodeAttentionMma:
         # B = V (16 tokens x 8 columns): b0b1 = tokens 2t, 2t + 1; b2b3 = 2t + 8, 2t + 9;
         # this lane's column of n-tile i is element i of its 16-byte loads.
         for blk in cutlass.range_constexpr(NB):
+            vs = [vec(NK + q * NB + blk) for q in range(4)]
             for i in cutlass.range_constexpr(V):
                 bv = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
                 for q in cutlass.range_constexpr(4):
-                    bv[q] = kv[NK + q * NB + blk][i]
+                    bv[q] = vs[q][i]
                 cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
 
     @cute.jit
-    def epilogue(self, acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, split,
-                 warp, g, t, tidx):
+    def epilogue(self, acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,
+                 split, warp, g, t, tidx):
         """The warps meet in shared memory; each thread then merges whole outputs."""
         G: cutlass.Constexpr = self.G
-        D: cutlass.Constexpr = self.D
+        D: cutlass.Constexpr = self.DVS
         W: cutlass.Constexpr = self.W
         for h in cutlass.range_constexpr(2 if self.HI else 1):
             head = g + 8 * h
@@ -588,8 +648,8 @@ class DecodeAttentionMma:
                     num = num + wt * s_acc[w, hh, d]
                 o = num / den
                 if cutlass.const_expr(self.direct):
-                    mO[b, kvh * G + hh, d] = o.to(BFloat16)
+                    mO[b, kvh * G + hh, sl * D + d] = o.to(BFloat16)
                 else:
-                    mOP[b, kvh * G + hh, split, d] = o
-                    if d == 0:
+                    mOP[b, kvh * G + hh, split, sl * D + d] = o
+                    if d == 0 and sl == 0:
                         mLse[b, kvh * G + hh, split] = top + cute.math.log2(den, fastmath=True)

@@ -527,6 +527,79 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
            + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
 
 
+def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
+    """MLA decode attention (latent 512 + rope 64, 16 heads, absorbed) over a paged latent
+    cache against its bytes' copy time; torch = scores, softmax and output as batched
+    matmuls over the same latent laid out contiguously (the key is latent + rope, the
+    value the latent; SDPA would repeat the one KV head for all 16)."""
+    from agentload.kernels.presets import MLA_SHAPE, MLA_TILES
+    from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
+
+    dk, h, page, dv = MLA_SHAPE
+    scale = (128 + 64) ** -0.5  # DeepSeek-V3's unabsorbed head width
+    nbytes = batch * ctx * dk * 2 + batch * h * (dk + dv) * 2
+    sets = _sets(nbytes, rep.ceil.l2_bytes)
+    pages = batch * ctx // page
+    gen = torch.Generator(device="cpu").manual_seed(batch * 11 + ctx)
+    kv = [torch.randn(pages, page, 1, dk, device="cuda").to(_BF16) for _ in range(sets)]
+    table = torch.randperm(pages, generator=gen).to(torch.int32).view(batch, -1).cuda()
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    qs = [torch.randn(batch, h, dk, device="cuda").to(_BF16) for _ in range(sets)]
+    outs = [_poisoned((batch, h, dv)) for _ in range(sets)]
+    want = reference.paged_decode_attention(qs[0], kv[0], kv[0][..., :dv], table, lens,
+                                            scale=scale)
+    best: tuple[float, tuple[int, int, int], str] | None = None
+    for c, (threads, stages) in itertools.product(ATTN_CHUNKS, MLA_TILES):
+        auto = attention_chunk(batch, dv // 128, ctx, sms=rep.ceil.sms,
+                               step=16 * (threads // 32))
+        if c % (16 * (threads // 32)) or (
+                c != auto and not 32 <= batch * (dv // 128) * -(-ctx // c) <= 8 * rep.ceil.sms):
+            continue
+        tile = (c, threads, stages)
+        tag = f"chunk {c} t{threads} s{stages}"
+        outs[0].fill_(float("nan"))
+        try:
+            ops.decode_attention_mla(qs[0], kv[0], table, lens, max_len=ctx, scale=scale,
+                                     value_dim=dv, chunk=c, threads=threads, stages=stages,
+                                     out=outs[0])
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip mla {tag}: {str(exc)[:120]}", flush=True)
+            continue
+        rep.check(f"mla b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
+                  reference.BF16_TOL)
+
+        def ours(i: int, tl: tuple[int, int, int]) -> Any:
+            return ops.decode_attention_mla(qs[i], kv[i], table, lens, max_len=ctx,
+                                            scale=scale, value_dim=dv, chunk=tl[0],
+                                            threads=tl[1], stages=tl[2], out=outs[i])
+
+        us = graph_us([partial(ours, i, tile) for i in range(sets)])
+        rep.variants.append({"op": f"mla ctx{ctx}", "rows": batch,
+                             "variant": tag + (" (auto)" if c == auto else ""), "us": us})
+        if best is None or us < best[0]:
+            best = (us, tile, tag)
+    order = table.long().view(-1)
+    lat = [k[order].view(batch, ctx, dk) for k in kv[:2]]
+
+    def torch_mla(i: int) -> Any:  # absorbed MLA in torch: two batched matmuls
+        scores = torch.matmul(qs[i], lat[i].transpose(1, 2)).float() * scale
+        return torch.matmul(torch.softmax(scores, -1).to(_BF16), lat[i][..., :dv])
+
+    rep.check(f"mla b{batch} ctx{ctx} torch matmul",
+              reference.rel_err(torch_mla(0), want), reference.BF16_TOL)
+    torch_us = graph_us([partial(torch_mla, i) for i in range(2)])
+    k_ours = None
+    if best is not None:
+        c, threads, stages = best[1]
+        k_ours = kernel_count(partial(ops.decode_attention_mla, qs[0], kv[0], table, lens,
+                                      max_len=ctx, scale=scale, value_dim=dv, chunk=c,
+                                      threads=threads, stages=stages, out=outs[0]))
+    rep.op(f"mla ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
+           k_ours, kernel_count(partial(torch_mla, 0)),
+           note=("" if best is None else f"best {best[2]}; ")
+           + "torch = matmul-softmax-matmul over the latent, contiguous, 2 sets")
+
+
 def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     from agentload.kernels.layer import _rms
 
@@ -736,6 +809,8 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
               f"{'torch µs':>7} {'%copy':>6} {'k':>3}", flush=True)
         for b, ctx in ATTN_CASES:
             bench_attention(rep, b, ctx)
+        for b, ctx in ATTN_CASES:
+            bench_attention_mla(rep, b, ctx)
         bad = [c for c in rep.checks if not c["ok"]]
         print(f"\nchecks: {len(rep.checks) - len(bad)}/{len(rep.checks)} passed", flush=True)
         rep.save()
@@ -757,6 +832,7 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
                 bench_oproj(rep, cfg, b)
         for b, ctx in ATTN_CASES:
             bench_attention(rep, b, ctx)
+            bench_attention_mla(rep, b, ctx)
         # Where add+RMSNorm has enough bytes to leave launch latency behind (scaling row).
         bench_norm(rep, 7168, 512)
         # The floor at the target's size (and at b1 / b512 for the trend).

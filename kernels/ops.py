@@ -248,6 +248,48 @@ def _check_heads(t: object, name: str, want: tuple[int | None, ...]) -> torch.Te
     return t
 
 
+def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                         seq_lens: torch.Tensor, *, max_len: int, scale: float,
+                         value_dim: int = 512, chunk: int | None = None,
+                         out: torch.Tensor | None = None, pdl: bool = False,
+                         threads: int = 64, stages: int = 3) -> torch.Tensor:
+    """One decode step of MLA attention (DeepSeek-V3 / Kimi, projections absorbed) over a
+    paged latent cache, on tensor cores.
+
+    ``q [B, H, Dk]`` bf16, H <= 16: each head's absorbed no-rope query (the latent's
+    width) then its rope part; ``kv_cache [pages, P, 1, Dk]`` bf16: each token's latent
+    then its rope key (P a multiple of 16); the value is the latent, the first
+    ``value_dim`` columns. ``scale`` is the model's softmax scale (DeepSeek-V3: the
+    unabsorbed head's ``(128 + 64) ** -0.5``, not ``Dk ** -0.5``). Returns ``[B, H,
+    value_dim]`` bf16, still to be multiplied by the absorbed output projection.
+    """
+    _check_heads(q, "q", (None, None, None))
+    b, h, dk = q.shape
+    _check(kv_cache, "kv_cache", _BF16, (None, None, 1, dk))
+    page = kv_cache.shape[1]
+    _check(block_table, "block_table", torch.int32, (b, None))
+    _check(seq_lens, "seq_lens", torch.int32, (b,))
+    if not 1 <= max_len <= block_table.shape[1] * page:
+        raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
+                           f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
+    slices = value_dim // 128  # CTAs per chunk, one per 128 value columns
+    c = chunk or attention_chunk(b, max(slices, 1), max_len, step=16 * (threads // 32))
+    splits = -(-max_len // c)
+    direct = splits == 1
+    spec = decode_attention_spec(dk, h, page, c, direct=direct, pdl=pdl, threads=threads,
+                                 stages=stages, mma=True, value_dim=value_dim, latent=True)
+    o = _out(out, "out", _BF16, (b, h, value_dim), q)
+    part = _scratch(f"attn-part-{value_dim}", q.device, torch.float32,
+                    b * h * splits * value_dim).view(b, h, splits, value_dim)
+    lse = _scratch("attn-lse", q.device, torch.float32, b * h * splits).view(b, h, splits)
+    placeholder = q[:, :1]  # the step's own key: unread (MLA appends it beforehand)
+    _cache.get(spec)(q, kv_cache, kv_cache, block_table, seq_lens, part, lse, o, placeholder,
+                     placeholder, scale * 1.4426950408889634)
+    if not direct:
+        _cache.get(attention_combine_spec(value_dim, c, pdl=pdl))(part, lse, seq_lens, o)
+    return o
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_len: int,
                      k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,

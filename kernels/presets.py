@@ -189,6 +189,27 @@ ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 
 
+#: MLA attention as in DeepSeek-V3 / Kimi at 16 heads a GPU: (key = latent 512 + rope 64,
+#: heads, page, value = the latent), and the (threads, stages) tiles the bench tries.
+MLA_SHAPE = (576, 16, 16, 512)
+MLA_TILES = ((64, 3), (128, 2))
+
+
+def mla_variants() -> list[KernelSpec]:
+    """Every chunk of the MLA shape on each tile, direct and split, and the combines."""
+    dk, h, page, dv = MLA_SHAPE
+    out: list[KernelSpec] = []
+    for c in ATTN_CHUNKS:
+        for threads, stages in MLA_TILES:
+            if c % (16 * (threads // 32)) == 0:
+                for direct in (False, True):
+                    out.append(decode_attention_spec(dk, h, page, c, direct=direct,
+                                                     threads=threads, stages=stages,
+                                                     mma=True, value_dim=dv, latent=True))
+        out.append(attention_combine_spec(dv, c))
+    return out
+
+
 def attention_variants() -> list[KernelSpec]:
     """Every chunk length of each attention shape, direct and split, and their combines;
     on the layer's shape also every tile of :data:`ATTN_TILES` and the ``fresh`` variants
@@ -233,6 +254,7 @@ def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
     for i in SILU_INTER:
         specs.append(silu_mul_spec(i))
     specs += attention_variants()
+    specs += mla_variants()
     for s in specs:
         seen.setdefault(s.key(), s)
     return list(seen.values())

@@ -88,15 +88,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float | None = None,
                            dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Decode attention by gathering each sequence's pages and calling SDPA (GQA by
-    repeating KV heads). ``q [B, Hq, D]``; caches ``[pages, P, Hkv, D]``; returns ``[B, Hq, D]``."""
+    repeating KV heads). ``q [B, Hq, D]``; caches ``[pages, P, Hkv, D]`` (values may be
+    narrower: ``Dv``, e.g. MLA's latent prefix of the key); returns ``[B, Hq, Dv]``."""
     b, hq, d = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
+    dv = v_cache.shape[3]
     outs = []
     for i in range(b):
         n = int(seq_lens[i])
         ids = block_table[i, :-(-n // page)].long()
         k = k_cache[ids].reshape(-1, hkv, d)[:n].to(dtype)  # [n, Hkv, D]
-        v = v_cache[ids].reshape(-1, hkv, d)[:n].to(dtype)
+        v = v_cache[ids].reshape(-1, hkv, dv)[:n].to(dtype)
         k = k.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)  # [Hq, n, D]
         v = v.repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
         qi = q[i].to(dtype).unsqueeze(1)  # [Hq, 1, D]

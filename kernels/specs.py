@@ -24,6 +24,7 @@ MMA_MAX_ROWS = 64  #: tensor-core GEMV and expert GEMM: up to 8 token tiles of 8
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
 ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
 ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
+ATTN_COMBINE_DIMS = (*ATTN_HEAD_DIMS, 512)  #: value widths the combine merges
 ATTN_MMA_MAX_GROUP = 16  #: query heads per KV head on tensor cores (the MMA's 16 rows)
 #: Split-KV chunk lengths compiled. The long ones serve batches whose sequences and KV
 #: heads alone fill the GPU: one chunk per sequence, no combine kernel.
@@ -227,7 +228,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           direct: bool, threads: int = 128, unroll: int = 4,
                           pdl: bool = False, fresh: bool = False,
                           pipe: bool = False, mma: bool = False,
-                          stages: int = 3) -> KernelSpec:
+                          stages: int = 3, value_dim: int = 0,
+                          latent: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -237,10 +239,13 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     ``mma``: the tensor-core kernel (:class:`DecodeAttentionMma`): ``threads / 32`` warps
     each take tiles of 16 tokens, streamed ``stages - 1`` tiles ahead by ``cp.async``; up
     to 16 query heads per KV head, head dim a multiple of 64, pages of a multiple of 16
-    tokens (``unroll`` and ``pipe`` do not apply)."""
-    if mma:
+    tokens (``unroll`` and ``pipe`` do not apply). ``latent`` (tensor cores only) is MLA:
+    one KV head, the key ``head_dim`` wide (latent + rope), the value its first
+    ``value_dim`` columns."""
+    if mma or latent:
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
-                                   threads=threads, stages=stages, pdl=pdl, fresh=fresh)
+                                   threads=threads, stages=stages, pdl=pdl, fresh=fresh,
+                                   value_dim=value_dim, latent=latent)
     if head_dim not in ATTN_HEAD_DIMS:
         raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
     if not 1 <= group <= ATTN_MAX_GROUP:
@@ -263,10 +268,23 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
 
 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
-                        threads: int, stages: int, pdl: bool, fresh: bool) -> KernelSpec:
-    if head_dim % 64 or not 64 <= head_dim <= 256:
+                        threads: int, stages: int, pdl: bool, fresh: bool,
+                        value_dim: int = 0, latent: bool = False) -> KernelSpec:
+    if latent:
+        if head_dim % 32 or not 128 <= head_dim <= 1024:
+            raise KernelsError(f"MLA attention takes a key (latent + rope) of a multiple of "
+                               f"32 up to 1024, got {head_dim}")
+        if value_dim % 128 or not 128 <= value_dim <= head_dim:
+            raise KernelsError(f"MLA attention takes a value (the key's latent prefix) of a "
+                               f"multiple of 128 up to the key's {head_dim}, got {value_dim}")
+        if fresh:
+            raise KernelsError("MLA attention does not take the step's own key (append it "
+                               "to the cache first)")
+    elif head_dim % 64 or not 64 <= head_dim <= 256:
         raise KernelsError(f"tensor-core attention takes a head dim of 64, 128, 192 or 256, "
                            f"got {head_dim}")
+    elif value_dim not in (0, head_dim):
+        raise KernelsError("a value narrower than the key needs latent (MLA)")
     if not 1 <= group <= ATTN_MMA_MAX_GROUP:
         raise KernelsError(f"tensor-core attention takes 1..{ATTN_MMA_MAX_GROUP} query heads "
                            f"per KV head (the MMA's rows), got {group}")
@@ -285,14 +303,19 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
                                     "t": threads, "mma": True, "st": stages, "direct": direct}
     if fresh:
         items["fresh"] = True
+    if latent:
+        items["dv"] = value_dim
+        items["latent"] = True
     return _spec("decode_attn", pdl, **items)
 
 
 def attention_combine_spec(head_dim: int, chunk: int, *, threads: int = 256,
                            pdl: bool = False) -> KernelSpec:
-    """Merge of :func:`decode_attention_spec`'s chunks (same ``chunk``)."""
-    if head_dim not in ATTN_HEAD_DIMS:
-        raise KernelsError(f"attention combine takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
+    """Merge of :func:`decode_attention_spec`'s chunks (same ``chunk``); ``head_dim`` is
+    the value's width (512 for MLA)."""
+    if head_dim not in ATTN_COMBINE_DIMS:
+        raise KernelsError(f"attention combine takes head dim {ATTN_COMBINE_DIMS}, "
+                           f"got {head_dim}")
     if threads % 32 or not 32 <= threads <= 1024:
         raise KernelsError(f"threads must be a multiple of 32 up to 1024, got {threads}")
     return _spec("attn_combine", pdl, d=head_dim, c=chunk, t=threads)

@@ -159,3 +159,37 @@ def test_decode_attention_rejects_bad_inputs() -> None:
     with pytest.raises(KernelsError, match="contiguous heads"):
         ops.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, table,
                              seq, max_len=100)
+
+
+def mla_case(lens: list[int], heads: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Absorbed MLA: q [B, H, 576], one latent cache [pages, 16, 1, 576] (shuffled pages)."""
+    q, k, _, table, seq = paged_case(lens, heads, 1, d=576, seed=seed)
+    return q, k, table, seq
+
+
+@pytest.mark.parametrize(("lens", "heads"), [
+    ([1], 16),                           # one token: the output is its latent
+    ([37], 16),                          # one chunk, ragged: direct
+    ([32768], 16),                       # batch 1, 32k, split with the 512-wide combine
+    ([1000, 17, 4096, 2500, 1, 333, 2049, 64], 16),  # batch 8, ragged
+    ([3000, 5], 8),                      # 8 heads: the MMA's rows 8-15 unused
+])
+def test_mla_attention_matches_the_reference(lens: list[int], heads: int) -> None:
+    q, kv, table, seq = mla_case(lens, heads, seed=len(lens))
+    scale = (128 + 64) ** -0.5
+    out = torch.full((len(lens), heads, 512), float("nan"), device="cuda").to(BF)
+    ops.decode_attention_mla(q, kv, table, seq, max_len=max(lens), scale=scale, out=out)
+    want = ref.paged_decode_attention(q, kv, kv[..., :512], table, seq, scale=scale)
+    assert ref.rel_err(out, want) < ref.BF16_TOL
+    if lens == [1]:
+        assert ref.rel_err(out[0], kv[table[0, 0].long(), 0, 0, :512].expand(heads, 512)) < 1e-2
+
+
+@pytest.mark.parametrize(("chunk", "threads", "stages"), [(64, 64, 3), (512, 128, 2)])
+def test_mla_tiles_give_the_same_answer(chunk: int, threads: int, stages: int) -> None:
+    q, kv, table, seq = mla_case([5000, 1234, 1, 700], 16, seed=17)
+    scale = (128 + 64) ** -0.5
+    out = ops.decode_attention_mla(q, kv, table, seq, max_len=5000, scale=scale, chunk=chunk,
+                                   threads=threads, stages=stages)
+    want = ref.paged_decode_attention(q, kv, kv[..., :512], table, seq, scale=scale)
+    assert ref.rel_err(out, want) < ref.BF16_TOL

@@ -193,6 +193,21 @@ def test_tensor_core_attention_shape_rules() -> None:
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, stages=1)
 
 
+def test_mla_attention_shape_rules() -> None:
+    spec = decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, threads=64,
+                                 value_dim=512, latent=True)
+    assert spec.key() == "decodeattn-d576-g16-p16-c512-t64-mma1-st3-direct0-dv512-latent1"
+    assert spec.key() in {s.key() for s in bench_specs()}
+    with pytest.raises(KernelsError, match="latent prefix"):
+        decode_attention_spec(576, 16, 16, 512, direct=False, value_dim=600, latent=True)
+    with pytest.raises(KernelsError, match="own key"):
+        decode_attention_spec(576, 16, 16, 512, direct=False, value_dim=512, latent=True,
+                              fresh=True)
+    with pytest.raises(KernelsError, match="needs latent"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, value_dim=64)
+    assert attention_combine_spec(512, 512).key() == "attncombine-d512-c512-t256"
+
+
 def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
     # batch 1, 4 KV heads, 32k: 64 chunks of 512 x 4 heads = 256 CTAs (2 per SM of 132)
     assert attention_chunk(1, 4, 32768) == 512
