@@ -83,6 +83,7 @@ def _mma_k16(atom: object, acc: object, w_lo: object, w_hi: object, x: object,
     cute.gemm(atom, acc, a, b, acc)
 
 
+@cute.jit
 def _block_sum(val: Float32, warps: int, scratch: object) -> Float32:
     """Sum one float over the block: warp shuffle, then ``warps`` partials in smem."""
     warp = cute.arch.warp_idx()

@@ -23,14 +23,14 @@ steps=${1:-"ceil test bench"}; shift || true
 case " $steps " in *" ceil "*)
   python3 -m agentload.kernels.bench ceilings --out "$OUT/ceilings.json" 2>&1 | tail -3 ;; esac
 case " $steps " in *" test "*)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir="$R" \
+  timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir="$R" \
     -c "$R/pyproject.toml" -o addopts="" ${TESTS:-"$R/tests/integration/test_kernels_gpu.py" "$R/tests/integration/test_attention_gpu.py" "$R/tests/kernels/test_kernels.py"} \
     > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -25 ;; esac
 case " $steps " in *" attn "*)
-  timeout 200 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
+  timeout "${ATTN_LIMIT:-300}" python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
     --out "$OUT/attn.json" --attention-only 2>&1 | tee "$OUT/attn.log" | grep -v "^  skip" ;; esac
 case " $steps " in *" layers "*)
-  timeout 300 python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
+  timeout "${LAYERS_LIMIT:-400}" python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
     --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" 2>&1 \
     | tee "$OUT/layers.log" | grep -v "^  skip"
   # profile diff needs typer and polars: from the staged bundle when one is there, else
