@@ -343,3 +343,29 @@ def test_routing_tie_margins_count_only_experts_of_the_chosen_groups() -> None:
     # 0.8 vs 0.79 decide the second expert: a near-tie, although the best score left out
     # globally (0.85, of a group not chosen) is 0.05 from 0.8
     assert abs(float(e_margin[0]) - 0.01) < 1e-6
+
+
+def test_dsl_helpers_with_branches_are_traced_by_the_dsl() -> None:
+    # A module-level helper that branches on a runtime value must be @cute.jit (or a
+    # dsl_user_op): undecorated, the DSL refuses it at compile time, which only a GPU
+    # build would show (a refactor once slid a new function under _block_sum's decorator).
+    import ast
+    from pathlib import Path
+
+    import agentload.kernels as pkg
+
+    room = Path(pkg.__file__).parent
+    bare = []
+    for path in sorted(room.glob("_cute*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            names = {ast.unparse(d) for d in node.decorator_list}
+            # a branch on a Python value (``x is None``) is resolved before tracing
+            branches = any(isinstance(n, ast.If) and not (
+                isinstance(n.test, ast.Compare)
+                and all(isinstance(op, (ast.Is, ast.IsNot)) for op in n.test.ops))
+                for n in ast.walk(node))
+            if branches and not names & {"cute.jit", "dsl_user_op"}:
+                bare.append(f"{path.name}:{node.name}")
+    assert bare == []
