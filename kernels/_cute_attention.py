@@ -32,6 +32,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentload.kernels._cute import V, _mma_k16, _vec_atom
+from agentload.kernels.specs import mma_attention_smem
 
 NEG_INIT = -1.0e30  #: finite start for running maxima, so exp2(max_old - max_new) is never NaN
 
@@ -376,9 +377,8 @@ class DecodeAttentionMma:
         b = mQ.shape[0]
         hkv = mK.shape[2]
         splits = mOP.shape[2]
-        smem = (self.W * self.S * self.NV * 32 * 16 + self.C // self.P * 4
-                + self.W * self.G * (self.DVS + 2) * 4 + 256
-                + (self.NC * 2 * 32 * 16 if self.QS else 0))
+        smem = mma_attention_smem(self.D, self.G, self.P, self.C, self.W, self.S, self.DV,
+                                  self.latent)
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
             grid=[splits, hkv * self.NSL, b], block=[self.T, 1, 1], smem=smem, stream=stream,
             use_pdl=self.pdl)

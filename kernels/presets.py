@@ -192,7 +192,7 @@ ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 #: MLA attention as in DeepSeek-V3 / Kimi at 16 heads a GPU: (key = latent 512 + rope 64,
 #: heads, page, value = the latent), and the (threads, stages) tiles the bench tries.
 MLA_SHAPE = (576, 16, 16, 512)
-MLA_TILES = ((64, 3), (128, 2))
+MLA_TILES = ((64, 3), (64, 2), (32, 4))  # 22.5 KiB a warp's stage: 4 warps x 2 do not fit
 
 
 def mla_variants() -> list[KernelSpec]:

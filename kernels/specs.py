@@ -24,6 +24,7 @@ MMA_MAX_ROWS = 64  #: tensor-core GEMV and expert GEMM: up to 8 token tiles of 8
 ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over experts
 ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
 ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
+SMEM_PER_CTA = 227 * 1024  #: Hopper's opt-in shared memory per CTA
 ATTN_COMBINE_DIMS = (*ATTN_HEAD_DIMS, 512)  #: value widths the combine merges
 ATTN_MMA_MAX_GROUP = 16  #: query heads per KV head on tensor cores (the MMA's 16 rows)
 #: Split-KV chunk lengths compiled. The long ones serve batches whose sequences and KV
@@ -267,6 +268,16 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     return _spec("decode_attn", pdl, **items)
 
 
+def mma_attention_smem(head_dim: int, group: int, page: int, chunk: int, warps: int,
+                       stages: int, value_dim: int, latent: bool) -> int:
+    """Shared-memory bytes of one :class:`DecodeAttentionMma` CTA (as it launches)."""
+    dvs = 128 if latent else value_dim  # value columns per CTA
+    vectors = 2 * (head_dim // 32) + 4 * (dvs // 64)  # 16-byte vectors per lane per tile
+    q_frags = (head_dim // 32) * 2 * 32 * 16 if head_dim // 32 > 8 else 0
+    return (warps * stages * vectors * 32 * 16 + chunk // page * 4
+            + warps * group * (dvs + 2) * 4 + 256 + q_frags)
+
+
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False) -> KernelSpec:
@@ -299,6 +310,12 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
     if chunk % step:
         raise KernelsError(f"chunk {chunk} must be a multiple of the {step} tokens "
                            f"{threads // 32} warps take per iteration")
+    smem = mma_attention_smem(head_dim, group, page, chunk, threads // 32, stages,
+                              value_dim or head_dim, latent)
+    if smem > SMEM_PER_CTA:
+        raise KernelsError(f"{threads // 32} warps x {stages} stages need {smem // 1024} KiB "
+                           f"of shared memory, more than a CTA's {SMEM_PER_CTA // 1024} KiB: "
+                           f"fewer warps or stages")
     items: dict[str, int | bool] = {"d": head_dim, "g": group, "p": page, "c": chunk,
                                     "t": threads, "mma": True, "st": stages, "direct": direct}
     if fresh:

@@ -206,6 +206,10 @@ def test_mla_attention_shape_rules() -> None:
     with pytest.raises(KernelsError, match="needs latent"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, value_dim=64)
     assert attention_combine_spec(512, 512).key() == "attncombine-d512-c512-t256"
+    # 4 warps x 3 stages of 22.5 KiB each: over the 227 KiB a CTA has
+    with pytest.raises(KernelsError, match="shared memory"):
+        decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, threads=128,
+                              stages=3, value_dim=512, latent=True)
 
 
 def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
