@@ -476,7 +476,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     best: tuple[float, tuple[int, int, int, bool, bool, int], str] | None = None
     for tile in tiles:
         c, threads, unroll, pipe, mma, stages = tile
-        if c != auto and not 32 <= batch * hkv * -(-ctx // c) <= 8 * rep.ceil.sms:
+        if c != auto and not 64 <= batch * hkv * -(-ctx // c) <= 4 * rep.ceil.sms:
             continue
         tag = (f"chunk {c} mma t{threads} s{stages}" if mma else
                f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
@@ -525,6 +525,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
            + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
+    rep.save()  # a time limit mid-run keeps the cases done
 
 
 def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
@@ -553,7 +554,7 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
         auto = attention_chunk(batch, dv // 128, ctx, sms=rep.ceil.sms,
                                step=16 * (threads // 32))
         if c % (16 * (threads // 32)) or (
-                c != auto and not 32 <= batch * (dv // 128) * -(-ctx // c) <= 8 * rep.ceil.sms):
+                c != auto and not 64 <= batch * (dv // 128) * -(-ctx // c) <= 4 * rep.ceil.sms):
             continue
         tile = (c, threads, stages)
         tag = f"chunk {c} t{threads} s{stages}"
@@ -598,6 +599,7 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
            k_ours, kernel_count(partial(torch_mla, 0)),
            note=("" if best is None else f"best {best[2]}; ")
            + "torch = matmul-softmax-matmul over the latent, contiguous, 2 sets")
+    rep.save()
 
 
 def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
