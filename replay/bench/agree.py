@@ -350,7 +350,8 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
               workdir: Path | None = None, pin_clients: bool = True,
               server_log: Path | None = None, retries: int = 2,
               tokenizer: Path | None = None, same_prompts: bool = False,
-              transport: Transport = "stamped", together: bool = False) -> dict[str, Any]:
+              transport: Transport = "stamped", together: bool = False,
+              warmup_requests: int | None = None) -> dict[str, Any]:
     """Run every tool ``runs`` times against one server; medians and ratios.
 
     ``same_prompts``: both runs of a pair send the very same token ids, so the server
@@ -368,6 +369,10 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     during the window (its speed drifting between runs, a dummy-weight MoE's routing)
     it does to both alike; the server's counters then cover the pair, not one tool.
 
+    ``warmup_requests`` (default: ``requests``, a whole run's worth; 0: none) go first,
+    unmeasured, at the full concurrency: a freshly started GPU server was 17-68 % slower
+    to first token in the first measured run after an 8-request warm-up.
+
     A pair in which either tool read over ``SPOILED_SHARE`` of its token events
     together (``spoiled_by``) is set aside and run again, up to ``retries`` times in
     all; what was set aside, and why, is in the result's ``set_aside``.
@@ -383,6 +388,9 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
     if min(requests, concurrency, runs, input_len) < 1 or output_len < 2 or retries < 0:
         raise ReplayError("--requests, --concurrency, --runs, --input-len must be >= 1, "
                           "--output-len >= 2 and --retries >= 0")
+    warm = requests if warmup_requests is None else warmup_requests
+    if warm < 0:
+        raise ReplayError("--warmup-requests must be >= 0")
     if together and same_prompts:
         raise ReplayError("--together and --same-prompts exclude each other: run together, "
                           "the two tools' identical prompts would meet in the server's batch")
@@ -404,11 +412,12 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
         tokenizer = tokenizer or tokenizer_for(model)
         ours: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
-        # A fresh server is slow on its first requests (allocation, warm-up): one short
+        # A fresh server is slow on its first requests (allocation, warm-up): an
         # unmeasured pass first, so neither tool measures the cold start.
-        say("warm-up pass (not measured) ...")
-        agentload_run(base, workdir / "warmup", max(2 * concurrency, 8), concurrency,
-                      input_len, output_len, salt=0)
+        if warm:
+            say(f"warm-up pass of {warm} requests (not measured) ...")
+            agentload_run(base, workdir / "warmup", warm, concurrency, input_len,
+                          output_len, salt=0)
         set_aside: list[dict[str, Any]] = []
         attempt = 0
         while len(ours) < runs:
@@ -493,6 +502,7 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                        "input_len": input_len, "output_len": output_len, "runs": runs,
                        "retries": retries, "same_prompts": same_prompts,
                        "together": together, "concurrency_each": each,
+                       "warmup_requests": warm,
                        "transport": transport,
                        "model": model,
                        "client_cpus": sorted(pinned) if pinned is not None else None},
@@ -557,7 +567,9 @@ def agree_lines(r: dict[str, Any]) -> list[str]:
              + (", agentload on aiohttp (stamped in Python, as vllm bench serve)"
                 if c.get("transport") == "aiohttp" else "")
              + (f", both tools at once ({c.get('concurrency_each')} each)"
-                if c.get("together") else ""),
+                if c.get("together") else "")
+             + (f", after {c['warmup_requests']} unmeasured warm-up requests"
+                if c.get("warmup_requests") else ""),
              f"  {'metric':<10}{'agentload':>12}{'vllm bench':>12}{'ratio':>8}{'paired':>8}"]
     if c.get("client_cpus"):
         lines.insert(1, f"  both clients on CPU {c['client_cpus']}, off the server "

@@ -170,6 +170,9 @@ def agree_command(
         "--transport", help="agentload's client against vllm bench serve: stamped (kernel "
         "receive stamps, replay's default) or aiohttp (stamped in Python after parsing, "
         "where vllm bench serve stamps).")] = "stamped",
+    warmup_requests: Annotated[int | None, typer.Option(
+        "--warmup-requests", help="Unmeasured requests sent first at the full concurrency "
+        "(default: as many as one run; 0: none).")] = None,
     together: Annotated[bool, typer.Option(
         "--together", help="Run both tools of each pair at the same time, half the "
         "concurrency each and prompts of their own, so the server's drift between runs "
@@ -198,7 +201,8 @@ def agree_command(
                        input_len=input_len, output_len=output_len, runs=runs,
                        retries=retries, tokenizer=tokenizer, same_prompts=same_prompts,
                        transport=transport,  # type: ignore[arg-type]  # checked above
-                       together=together, say=lambda line: typer.echo(line, err=True))
+                       together=together, warmup_requests=warmup_requests,
+                       say=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
