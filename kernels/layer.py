@@ -362,11 +362,25 @@ def attention_torch(cfg: LayerConfig, qkv: torch.Tensor, kv: tuple[torch.Tensor,
     if write:
         k_cache.view(-1, cfg.kv_heads, d).index_copy_(0, slots, kn)
         v_cache.view(-1, cfg.kv_heads, d).index_copy_(0, slots, vn)
+    if not write:  # the reference, in qkv's wide dtype: a sequence at a time (memory)
+        return torch.cat([_sdpa_pages(cfg, q[i:i + 1], k_cache, v_cache, table[i:i + 1],
+                                      context, kn[i:i + 1], vn[i:i + 1])
+                          for i in range(m)])
+    return _sdpa_pages(cfg, q, k_cache, v_cache, table, context)
+
+
+def _sdpa_pages(cfg: LayerConfig, q: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, table: torch.Tensor, context: int,
+                kn: torch.Tensor | None = None, vn: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Gather the sequences' pages and SDPA (GQA); ``kn``/``vn``: the last key and value,
+    put in a copy of the gathered cache in q's dtype (the cache itself is not written)."""
+    m, d = q.shape[0], cfg.head_dim
     flat = table.reshape(-1)
     k = k_cache.index_select(0, flat).view(m, -1, cfg.kv_heads, d)[:, :context]
     v = v_cache.index_select(0, flat).view(m, -1, cfg.kv_heads, d)[:, :context]
-    if not write:
-        k, v = k.to(qkv.dtype).clone(), v.to(qkv.dtype).clone()
+    if kn is not None and vn is not None:
+        k, v = k.to(q.dtype).clone(), v.to(q.dtype).clone()
         k[:, context - 1], v[:, context - 1] = kn, vn
     o = torch.nn.functional.scaled_dot_product_attention(
         q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
