@@ -794,7 +794,7 @@ def layer_table(trace: Path) -> list[dict[str, Any]]:
 def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
         out: Path | None = None, trace_dir: Path | None = None, depth: int = 4,
         do_compile: bool = True, ops_only: bool = False, layers_only: bool = False,
-        attention_only: bool = False) -> Report:
+        attention_only: bool = False, contexts: Sequence[int] = CONTEXTS) -> Report:
     """Run the whole benchmark; print tables; write ``out`` JSON (and a trace)."""
     if not torch.cuda.is_available():
         from agentload.kernels.errors import KernelsError
@@ -809,9 +809,10 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
     if attention_only:
         print(f"\n{'op':<28}{'b':>4} {'MB':>9} {'ours µs':>7} {'%copy':>6} {'k':>3}  "
               f"{'torch µs':>7} {'%copy':>6} {'k':>3}", flush=True)
-        for b, ctx in ATTN_CASES:
+        cases = [(b, ctx) for b, ctx in ATTN_CASES if b in batches and ctx in contexts]
+        for b, ctx in cases:
             bench_attention(rep, b, ctx)
-        for b, ctx in ATTN_CASES:
+        for b, ctx in cases:
             bench_attention_mla(rep, b, ctx)
         bad = [c for c in rep.checks if not c["ok"]]
         print(f"\nchecks: {len(rep.checks) - len(bad)}/{len(rep.checks)} passed", flush=True)
@@ -841,9 +842,9 @@ def run(*, batches: Sequence[int] = BATCHES, ceilings_path: Path | None = None,
         for b in (1, 64, 512):
             bench_floor(rep, 7168, b)
     if not ops_only:
-        layers = bench_layers(rep, cfg, batches, depth)
+        layers = bench_layers(rep, cfg, batches, depth, contexts)
         if trace_dir is not None:
-            for b in (1, 8, 64):
+            for b in (x for x in (1, 8, 64) if x in batches):
                 ctx = CONTEXTS[0]
                 for row in rep.layers:  # the fused options that won at this batch
                     if row["batch"] == b and row["context"] == ctx:
@@ -920,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--out", type=Path)
     k.add_argument("--trace-dir", type=Path)
     k.add_argument("--batches", default="1,8,64")
+    k.add_argument("--contexts", default=",".join(str(c) for c in CONTEXTS),
+                   help="contexts of the layer and attention rows")
     k.add_argument("--depth", type=int, default=4)
     k.add_argument("--no-compile", action="store_true")
     k.add_argument("--ops-only", action="store_true")
@@ -935,7 +938,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run(batches=[int(x) for x in a.batches.split(",")], ceilings_path=a.ceilings, out=a.out,
         trace_dir=a.trace_dir, depth=a.depth, do_compile=not a.no_compile, ops_only=a.ops_only,
-        layers_only=a.layers_only, attention_only=a.attention_only)
+        layers_only=a.layers_only, attention_only=a.attention_only,
+        contexts=[int(x) for x in a.contexts.split(",")])
     return 0
 
 

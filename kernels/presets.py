@@ -185,7 +185,7 @@ ATTN_TILES = ((128, 4, False), (128, 8, False), (256, 4, False), (128, 4, True),
 
 #: (threads, stages) tiles of the tensor-core attention the benchmark tries; the first is
 #: the one the fused layer uses with ``MoELayer.attention_mma``.
-ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2))
+ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2), (256, 3), (128, 6))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 
 
@@ -193,6 +193,8 @@ ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 #: heads, page, value = the latent), and the (threads, stages) tiles the bench tries.
 MLA_SHAPE = (576, 16, 16, 512)
 MLA_TILES = ((64, 3), (64, 2), (32, 4))  # 22.5 KiB a warp's stage: 4 warps x 2 do not fit
+#: heads a GPU also compiled (first tile only): Kimi K2's 64 heads at TP 8
+MLA_OTHER_HEADS = (8,)
 
 
 def mla_variants() -> list[KernelSpec]:
@@ -200,12 +202,13 @@ def mla_variants() -> list[KernelSpec]:
     dk, h, page, dv = MLA_SHAPE
     out: list[KernelSpec] = []
     for c in ATTN_CHUNKS:
-        for threads, stages in MLA_TILES:
-            if c % (16 * (threads // 32)) == 0:
-                for direct in (False, True):
-                    out.append(decode_attention_spec(dk, h, page, c, direct=direct,
-                                                     threads=threads, stages=stages,
-                                                     mma=True, value_dim=dv, latent=True))
+        for heads, tiles in ((h, MLA_TILES), *((o, MLA_TILES[:1]) for o in MLA_OTHER_HEADS)):
+            for threads, stages in tiles:
+                if c % (16 * (threads // 32)) == 0:
+                    for direct in (False, True):
+                        out.append(decode_attention_spec(
+                            dk, heads, page, c, direct=direct, threads=threads,
+                            stages=stages, mma=True, value_dim=dv, latent=True))
         out.append(attention_combine_spec(dv, c))
     return out
 

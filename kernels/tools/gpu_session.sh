@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: set up AOT kernels + tvm-ffi, record the card, then run what $1 names.
 # Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test attn layers bench" [bench args]
-# (attn: bench --attention-only; layers: bench --layers-only --no-compile + traces + profile diff)
+# (attn: bench --attention-only $BENCH_ARGS; layers: bench --layers-only --no-compile $LAYER_ARGS
+#  + traces + profile diff; e.g. BENCH_ARGS="--batches 1 --contexts 32768")
 # Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so.
 set -u
 export PYTHONUNBUFFERED=1
@@ -28,10 +29,10 @@ case " $steps " in *" test "*)
     > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -25 ;; esac
 case " $steps " in *" attn "*)
   timeout "${ATTN_LIMIT:-300}" python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
-    --out "$OUT/attn.json" --attention-only 2>&1 | tee "$OUT/attn.log" | grep -v "^  skip" ;; esac
+    --out "$OUT/attn.json" --attention-only ${BENCH_ARGS:-} 2>&1 | tee "$OUT/attn.log" | grep -v "^  skip" ;; esac
 case " $steps " in *" layers "*)
   timeout "${LAYERS_LIMIT:-400}" python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" \
-    --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" 2>&1 \
+    --out "$OUT/layers.json" --layers-only --no-compile --trace-dir "$OUT/traces" ${LAYER_ARGS:-} 2>&1 \
     | tee "$OUT/layers.log" | grep -v "^  skip"
   # profile diff needs typer and polars: from the staged bundle when one is there, else
   # run it where the traces come back (agentload profile diff STANDARD FUSED)
