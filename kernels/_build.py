@@ -95,7 +95,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
             fn = _cute_attention.DecodeAttentionMma(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
                 bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)), dv,
-                bool(g("latent", False)))
+                bool(g("latent", False)), bool(g("merge", False)))
         else:
             fn = _cute_attention.DecodeAttention(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")), int(g("u")),
@@ -107,10 +107,11 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
                                     assumed_align=16)
 
         cache = _t(BFloat16, (pages, int(g("p")), hkv, d))
+        counters = (_t(Int32, (cute.sym_int(),)),) if g("mma", False) else ()
         return fn, (heads(hq), cache, _t(BFloat16, (pages, int(g("p")), hkv, d)),
                     _t(Int32, (b, maxp)), _t(Int32, (b,)), _t(Float32, (b, hq, splits, dv)),
                     _t(Float32, (b, hq, splits)), _t(BFloat16, (b, hq, dv)), heads(hkv),
-                    heads(hkv), Float32(1.0), stream)
+                    heads(hkv), *counters, Float32(1.0), stream)
     if spec.kind == "attn_combine":
         d = int(g("d"))
         b, hq, splits = (cute.sym_int() for _ in range(3))

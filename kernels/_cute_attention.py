@@ -354,7 +354,7 @@ class DecodeAttentionMma:
 
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
-                 value_dim: int = 0, latent: bool = False) -> None:
+                 value_dim: int = 0, latent: bool = False, merge: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         self.DV = value_dim or head_dim
         self.DVS = 128 if latent else self.DV  # value columns per CTA
@@ -363,6 +363,7 @@ class DecodeAttentionMma:
         self.W, self.S = warps, stages
         self.T = warps * 32
         self.direct, self.pdl, self.fresh = direct, pdl, fresh
+        self.merge = merge and not direct  # the last CTA of a (sequence, KV head) merges
         self.NC = head_dim // 32  # 32-wide head-dim chunks: 16-byte K loads per token row
         self.NB = self.DVS // 64  # 64-wide blocks: 16-byte V loads per token
         self.NK = 2 * self.NC  # K vectors per lane per tile (two n-tiles of 8 tokens)
@@ -372,14 +373,14 @@ class DecodeAttentionMma:
         self.QS = self.NC > 8  # Q's fragments in shared memory (registers for wide keys)
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale: Float32,
-                 stream):
+    def __call__(self, mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, mCnt,
+                 qscale: Float32, stream):
         b = mQ.shape[0]
         hkv = mK.shape[2]
         splits = mOP.shape[2]
         smem = mma_attention_smem(self.D, self.G, self.P, self.C, self.W, self.S, self.DV,
                                   self.latent)
-        self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, qscale).launch(
+        self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, mCnt, qscale).launch(
             grid=[splits, hkv * self.NSL, b], block=[self.T, 1, 1], smem=smem, stream=stream,
             use_pdl=self.pdl)
 
@@ -415,7 +416,7 @@ class DecodeAttentionMma:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBT: cute.Tensor,
                mLen: cute.Tensor, mOP: cute.Tensor, mLse: cute.Tensor, mO: cute.Tensor,
-               mKN: cute.Tensor, mVN: cute.Tensor, qscale: Float32):
+               mKN: cute.Tensor, mVN: cute.Tensor, mCnt: cute.Tensor, qscale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         split, hy, b = cute.arch.block_idx()
         kvh = hy // self.NSL
@@ -444,6 +445,7 @@ class DecodeAttentionMma:
             Float32, cute.make_layout((W, G, DVS), stride=(G * DVS, DVS, 1)), byte_alignment=16)
         s_ml = smem.allocate_tensor(
             Float32, cute.make_layout((W, G, 2), stride=(G * 2, 2, 1)), byte_alignment=16)
+        s_flag = smem.allocate_tensor(Int32, cute.make_layout((1,)), byte_alignment=16)
         s_q = None
         if cutlass.const_expr(self.QS):
             s_q = smem.allocate_tensor(
@@ -500,6 +502,9 @@ class DecodeAttentionMma:
             cute.arch.cp_async_wait_group(0)
             self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,
                           split, warp, g, t, tidx)
+            if cutlass.const_expr(self.merge):
+                self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kvh, mK.shape[2], seq_len,
+                                   tidx)
 
     @cute.jit
     def q_fragments(self, mQ, s_q, b, kvh, warp, g, t, lane):
@@ -609,6 +614,48 @@ class DecodeAttentionMma:
                 for q in cutlass.range_constexpr(4):
                     bv[q] = vs[q][i]
                 cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
+
+    @cute.jit
+    def merge_if_last(self, mOP, mLse, mO, mCnt, s_flag, b, kvh, hkv, seq_len, tidx):
+        """The last CTA of this (sequence, KV head) to finish merges every chunk's output
+        (all value columns) and re-arms the counter: no combine launch. As the fused
+        norm's last CTA: release fence, count, acquire fence."""
+        G: cutlass.Constexpr = self.G
+        DV: cutlass.Constexpr = self.DV
+        splits = (seq_len + self.C - 1) // self.C
+        ci = b * hkv + kvh
+        cute.arch.fence_acq_rel_gpu()  # this CTA's partial outputs, before the count
+        cute.arch.sync_threads()
+        if tidx == 0:
+            old = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="acq_rel", scope="gpu")
+            s_flag[0] = Int32(0)
+            if old == splits * self.NSL - 1:
+                s_flag[0] = Int32(1)
+        cute.arch.sync_threads()
+        if s_flag[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            for e in cutlass.range_constexpr((G * DV + self.T - 1) // self.T):
+                idx = e * self.T + tidx
+                if idx < G * DV:
+                    hh = idx // DV
+                    d = idx - hh * DV
+                    h = kvh * G + hh
+                    top = Float32(NEG_INIT)
+                    den = Float32(0.0)
+                    num = Float32(0.0)
+                    for s in cutlass.range(splits, unroll=8):  # loads in flight together
+                        lse = mLse[b, h, s]
+                        part = mOP[b, h, s, d]
+                        new_top = cute.arch.fmax(top, lse)
+                        corr = cute.math.exp2(top - new_top, fastmath=True)
+                        w = cute.math.exp2(lse - new_top, fastmath=True)
+                        den = den * corr + w
+                        num = num * corr + w * part
+                        top = new_top
+                    mO[b, h, d] = (num / den).to(BFloat16)
+            cute.arch.sync_threads()
+            if tidx == 0:
+                cute.arch.atomic_exch(mCnt.iterator + ci, Int32(0), sem="relaxed", scope="gpu")
 
     @cute.jit
     def epilogue(self, acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,

@@ -469,32 +469,36 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
     # (chunk, threads, unroll, pipe, mma, stages): CUDA-core tiles, then tensor-core ones
-    tiles = [(c, t, u, p, False, 3) for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
-    tiles += [(c, t, 4, False, True, st)
-              for c, (t, st) in itertools.product(ATTN_CHUNKS, ATTN_MMA_TILES)
-              if c % (16 * (t // 32)) == 0]
-    best: tuple[float, tuple[int, int, int, bool, bool, int], str] | None = None
+    # (chunk, threads, unroll, pipe, mma, stages, merge): CUDA-core tiles, tensor-core ones,
+    # and tensor-core ones whose last CTA merges the chunks (split contexts only)
+    tiles = [(c, t, u, p, False, 3, False)
+             for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
+    tiles += [(c, t, 4, False, True, st, mg)
+              for c, (t, st), mg in itertools.product(ATTN_CHUNKS, ATTN_MMA_TILES,
+                                                      (False, True))
+              if c % (16 * (t // 32)) == 0 and not (mg and c >= ctx)]
+    best: tuple[float, tuple[int, int, int, bool, bool, int, bool], str] | None = None
     for tile in tiles:
-        c, threads, unroll, pipe, mma, stages = tile
+        c, threads, unroll, pipe, mma, stages, merge = tile
         if c != auto and not 64 <= batch * hkv * -(-ctx // c) <= 4 * rep.ceil.sms:
             continue
-        tag = (f"chunk {c} mma t{threads} s{stages}" if mma else
+        tag = (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "") if mma else
                f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
         outs[0].fill_(float("nan"))
         try:
             ops.decode_attention(qs[0], kc[0], vc[0], table, lens, max_len=ctx, out=outs[0],
                                  chunk=c, threads=threads, unroll=unroll, pipe=pipe, mma=mma,
-                                 stages=stages)
+                                 stages=stages, merge=merge)
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip attention {tag}: {str(exc)[:120]}", flush=True)
             continue
         rep.check(f"attention b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
                   reference.BF16_TOL)
 
-        def ours(i: int, tl: tuple[int, int, int, bool, bool, int]) -> Any:
+        def ours(i: int, tl: tuple[int, int, int, bool, bool, int, bool]) -> Any:
             return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
                                         out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
-                                        pipe=tl[3], mma=tl[4], stages=tl[5])
+                                        pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6])
 
         us = graph_us([partial(ours, i, tile) for i in range(sets)])
         rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
@@ -517,10 +521,11 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
     k_ours = None
     if best is not None:
-        c, threads, unroll, pipe, mma, stages = best[1]
+        c, threads, unroll, pipe, mma, stages, merge = best[1]
         k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
                                       max_len=ctx, chunk=c, threads=threads, unroll=unroll,
-                                      pipe=pipe, mma=mma, stages=stages, out=outs[0]))
+                                      pipe=pipe, mma=mma, stages=stages, merge=merge,
+                                      out=outs[0]))
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
@@ -654,12 +659,13 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             fus_g = graph_us([stack("fused")], min_calls=1) / depth
             # the fused path's options, each checked and timed; the fastest is the row's
             tried = {"default": fus_g}
-            best_knobs = {"attention_mma": False, "expert_pass_tiles": 0}
+            base_knobs = {"attention_mma": False, "attention_merge": False,
+                          "expert_pass_tiles": 0}
+            best_knobs = dict(base_knobs)
             for knobs in layer_knobs(b):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
                 for lay in layers:
-                    for k, v in {"attention_mma": False, "expert_pass_tiles": 0,
-                                 **knobs}.items():
+                    for k, v in {**base_knobs, **knobs}.items():
                         setattr(lay, k, v)
                 try:
                     got = MoELayer.result(layers[0].fused(x0, r0, kv0))
@@ -672,8 +678,7 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
                     continue
                 tried[tag] = us
                 if us < fus_g:
-                    fus_g, best_knobs = us, {"attention_mma": False, "expert_pass_tiles": 0,
-                                             **knobs}
+                    fus_g, best_knobs = us, {**base_knobs, **knobs}
             for lay in layers:  # the kernel count, trace and SoL below use the best
                 for k, v in best_knobs.items():
                     setattr(lay, k, v)
@@ -703,13 +708,15 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
 
 def layer_knobs(batch: int) -> list[dict[str, Any]]:
     """The fused layer's options the benchmark tries beside its defaults: attention on
-    tensor cores, and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles."""
+    tensor cores (its last CTA merging a split context, or a combine kernel after it),
+    and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles."""
     passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
     out: list[dict[str, Any]] = []
-    for mma in (False, True):
+    for mma, merge in ((False, False), (True, False), (True, True)):
         for pt in passes:
             if mma or pt:
-                out.append({"attention_mma": mma, "expert_pass_tiles": pt})
+                out.append({"attention_mma": mma, "attention_merge": merge,
+                            "expert_pass_tiles": pt})
     return out
 
 

@@ -115,6 +115,8 @@ class MoELayer:
         self.expert_pass_tiles = 0
         #: attention on the tensor-core kernel (presets.ATTN_MMA_LAYER's tile)
         self.attention_mma = False
+        #: with attention_mma: its last CTA merges a split context (no combine launch)
+        self.attention_merge = False
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -163,7 +165,8 @@ class MoELayer:
         threads, stages = ATTN_MMA_LAYER if self.attention_mma else (128, 3)
         out = ops.decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens,
                                    max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl,
-                                   mma=self.attention_mma, threads=threads, stages=stages)
+                                   mma=self.attention_mma, threads=threads, stages=stages,
+                                   merge=self.attention_merge)
         return out.view(qkv.shape[0], cfg.heads * cfg.head_dim)
 
     def fused(self, x_slots: torch.Tensor, residual: torch.Tensor,

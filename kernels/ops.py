@@ -252,7 +252,8 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          seq_lens: torch.Tensor, *, max_len: int, scale: float,
                          value_dim: int = 512, chunk: int | None = None,
                          out: torch.Tensor | None = None, pdl: bool = False,
-                         threads: int = 64, stages: int = 3) -> torch.Tensor:
+                         threads: int = 64, stages: int = 3,
+                         merge: bool = False) -> torch.Tensor:
     """One decode step of MLA attention (DeepSeek-V3 / Kimi, projections absorbed) over a
     paged latent cache, on tensor cores.
 
@@ -276,16 +277,19 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     c = chunk or attention_chunk(b, max(slices, 1), max_len, step=16 * (threads // 32))
     splits = -(-max_len // c)
     direct = splits == 1
+    merged = merge and not direct
     spec = decode_attention_spec(dk, h, page, c, direct=direct, pdl=pdl, threads=threads,
-                                 stages=stages, mma=True, value_dim=value_dim, latent=True)
+                                 stages=stages, mma=True, value_dim=value_dim, latent=True,
+                                 merge=merged)
     o = _out(out, "out", _BF16, (b, h, value_dim), q)
     part = _scratch(f"attn-part-{value_dim}", q.device, torch.float32,
                     b * h * splits * value_dim).view(b, h, splits, value_dim)
     lse = _scratch("attn-lse", q.device, torch.float32, b * h * splits).view(b, h, splits)
     placeholder = q[:, :1]  # the step's own key: unread (MLA appends it beforehand)
+    counters = _scratch("attn-count", q.device, torch.int32, b)
     _cache.get(spec)(q, kv_cache, kv_cache, block_table, seq_lens, part, lse, o, placeholder,
-                     placeholder, scale * 1.4426950408889634)
-    if not direct:
+                     placeholder, counters, scale * 1.4426950408889634)
+    if not direct and not merged:
         _cache.get(attention_combine_spec(value_dim, c, pdl=pdl))(part, lse, seq_lens, o)
     return o
 
@@ -296,7 +300,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float | None = None, chunk: int | None = None,
                      out: torch.Tensor | None = None, pdl: bool = False,
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
-                     mma: bool = False, stages: int = 3) -> torch.Tensor:
+                     mma: bool = False, stages: int = 3, merge: bool = False) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -311,7 +315,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``unroll`` pick the CTA's tile (warps, and steps whose loads are issued together);
     ``pipe`` issues each step's loads during the previous step's math. ``mma`` takes the
     tensor-core kernel instead: ``threads / 32`` warps of 16-token tiles, each streamed
-    ``stages - 1`` tiles ahead into shared memory (pages of a multiple of 16 tokens).
+    ``stages - 1`` tiles ahead into shared memory (pages of a multiple of 16 tokens);
+    with ``merge`` its last CTA per (sequence, KV head) merges the chunks, so a split
+    context is one kernel too.
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -335,9 +341,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     c = chunk or attention_chunk(b, hkv, max_len, step=step)
     splits = -(-max_len // c)
     direct = splits == 1
+    merged = merge and mma and not direct
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
-                                 pipe=pipe, mma=mma, stages=stages)
+                                 pipe=pipe, mma=mma, stages=stages, merge=merged)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that
@@ -347,7 +354,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits).view(b, hq, splits)
     kn = k_new if k_new is not None else q[:, :hkv]  # unread without fresh
     vn = v_new if v_new is not None else q[:, :hkv]
-    _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn, qscale)
-    if not direct:
+    if mma:  # + the per-(sequence, KV head) counters the merging CTA re-arms
+        counters = _scratch("attn-count", q.device, torch.int32, b * hkv)
+        _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
+                         counters, qscale)
+    else:
+        _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
+                         qscale)
+    if not direct and not merged:
         _cache.get(attention_combine_spec(d, c, pdl=pdl))(part, lse, seq_lens, o)
     return o

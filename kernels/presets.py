@@ -102,6 +102,11 @@ class LayerConfig:
                 stages=ATTN_MMA_LAYER[1]))
             if not direct:
                 out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
+                if mma:  # its last CTA merging the chunks instead
+                    out.append(decode_attention_spec(
+                        self.head_dim, self.group, self.page, c, direct=False, pdl=pdl,
+                        fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
+                        stages=ATTN_MMA_LAYER[1], merge=True))
         return out
 
     def specs(self, batch: int) -> list[KernelSpec]:
@@ -233,6 +238,10 @@ def attention_variants() -> list[KernelSpec]:
                         out.append(decode_attention_spec(d, g, p, c, direct=direct,
                                                          threads=threads, mma=True,
                                                          stages=stages))
+                        if not direct:  # the last CTA merges (no combine launch)
+                            out.append(decode_attention_spec(d, g, p, c, direct=False,
+                                                             threads=threads, mma=True,
+                                                             stages=stages, merge=True))
                 if i == 0 and c % (16 * (ATTN_MMA_LAYER[0] // 32)) == 0:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True,
                                                      mma=True, threads=ATTN_MMA_LAYER[0],

@@ -230,7 +230,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           pdl: bool = False, fresh: bool = False,
                           pipe: bool = False, mma: bool = False,
                           stages: int = 3, value_dim: int = 0,
-                          latent: bool = False) -> KernelSpec:
+                          latent: bool = False, merge: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -242,11 +242,14 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     to 16 query heads per KV head, head dim a multiple of 64, pages of a multiple of 16
     tokens (``unroll`` and ``pipe`` do not apply). ``latent`` (tensor cores only) is MLA:
     one KV head, the key ``head_dim`` wide (latent + rope), the value its first
-    ``value_dim`` columns."""
+    ``value_dim`` columns. ``merge`` (tensor cores, split contexts only): the last CTA of
+    each (sequence, KV head) merges the chunks, so no combine kernel follows."""
     if mma or latent:
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
-                                   value_dim=value_dim, latent=latent)
+                                   value_dim=value_dim, latent=latent, merge=merge)
+    if merge:
+        raise KernelsError("merge (the last CTA merges the chunks) needs mma")
     if head_dim not in ATTN_HEAD_DIMS:
         raise KernelsError(f"decode attention takes head dim {ATTN_HEAD_DIMS}, got {head_dim}")
     if not 1 <= group <= ATTN_MAX_GROUP:
@@ -280,7 +283,10 @@ def mma_attention_smem(head_dim: int, group: int, page: int, chunk: int, warps: 
 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
                         threads: int, stages: int, pdl: bool, fresh: bool,
-                        value_dim: int = 0, latent: bool = False) -> KernelSpec:
+                        value_dim: int = 0, latent: bool = False,
+                        merge: bool = False) -> KernelSpec:
+    if merge and direct:
+        raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
         if head_dim % 32 or not 128 <= head_dim <= 1024:
             raise KernelsError(f"MLA attention takes a key (latent + rope) of a multiple of "
@@ -323,6 +329,8 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
     if latent:
         items["dv"] = value_dim
         items["latent"] = True
+    if merge:
+        items["merge"] = True
     return _spec("decode_attn", pdl, **items)
 
 

@@ -94,16 +94,23 @@ def test_tensor_core_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) 
     assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize(("chunk", "threads", "stages"),
-                         [(64, 128, 3), (512, 128, 2), (256, 64, 4), (2048, 256, 2)])
-def test_tensor_core_tiles_give_the_same_answer(chunk: int, threads: int, stages: int) -> None:
+                         [(64, 128, 3), (512, 128, 2), (256, 64, 4), (2048, 256, 2),
+                          (1024, 256, 3), (512, 128, 6)])
+def test_tensor_core_tiles_give_the_same_answer(chunk: int, threads: int, stages: int,
+                                                merge: bool) -> None:
     # ragged lengths end mid-tile and mid-page; one sequence is a single token; a chunk
-    # of more tiles than a warp has stages wraps the ring of shared-memory slots
+    # of more tiles than a warp has stages wraps the ring of shared-memory slots; with
+    # merge the last CTA of each (sequence, KV head) merges the chunks, twice in a row
+    # (the counters must be re-armed)
     q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=13)
-    out = torch.full_like(q, float("nan"))
-    ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
-                         stages=stages, mma=True, out=out)
-    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    for _ in range(2 if merge else 1):
+        out = torch.full_like(q, float("nan"))
+        ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
+                             stages=stages, mma=True, merge=merge, out=out)
+        assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
 @pytest.mark.parametrize("mma", [False, True])
@@ -128,19 +135,22 @@ def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int],
     assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
-@pytest.mark.parametrize("mma", [False, True])
-def test_decode_attention_replays_in_a_cuda_graph(mma: bool) -> None:
+@pytest.mark.parametrize(("mma", "merge"), [(False, False), (True, False), (True, True)])
+def test_decode_attention_replays_in_a_cuda_graph(mma: bool, merge: bool) -> None:
     q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=5)
     out = torch.empty_like(q)
     # loaded outside the capture
-    ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma)
+    ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma, merge=merge)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma)
-    q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=mma,
+                             merge=merge)
+    for _ in range(3):  # merge: each replay finds its counters re-armed
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
 
 
 def test_decode_attention_rejects_bad_inputs() -> None:

@@ -233,13 +233,13 @@ def test_bad_shapes_raise_kernels_error() -> None:
         ops.add_rmsnorm(rnd(2, 2048), rnd(2, 1024), rnd(1024))
 
 
-@pytest.mark.parametrize("mma", [False, True])
+@pytest.mark.parametrize(("mma", "merge"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("context", [1, 4096])
 @pytest.mark.parametrize("batch", [1, 8, 64])
-def test_layer_paths_match_reference(batch: int, context: int, mma: bool) -> None:
+def test_layer_paths_match_reference(batch: int, context: int, mma: bool, merge: bool) -> None:
     cfg = LayerConfig()
     layer = MoELayer(cfg, "cuda", seed=batch)
-    layer.attention_mma = mma
+    layer.attention_mma, layer.attention_merge = mma, merge
     x, r = layer.inputs(batch, seed=batch + 1)
     kv = None if context == 1 else KVState.random(cfg, batch, context, "cuda", seed=batch)
     for path in (layer.fused, layer.standard):
@@ -256,7 +256,8 @@ def test_layer_paths_match_reference(batch: int, context: int, mma: bool) -> Non
 def test_fused_layer_replays_in_a_cuda_graph(batch: int, context: int) -> None:
     cfg = LayerConfig()
     layers = [MoELayer(cfg, "cuda", seed=20 + i, index=i) for i in range(2)]
-    layers[1].attention_mma = True  # one layer on each attention kernel
+    # one layer on each attention kernel; the tensor-core one merging its own chunks
+    layers[1].attention_mma = layers[1].attention_merge = True
     x, r = layers[0].inputs(batch, seed=3)
     states = [None if context == 1 else KVState.random(cfg, batch, context, "cuda", seed=i)
               for i in range(2)]

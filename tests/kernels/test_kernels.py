@@ -191,6 +191,12 @@ def test_tensor_core_attention_shape_rules() -> None:
         decode_attention_spec(128, 4, 16, 32, direct=False, mma=True)
     with pytest.raises(KernelsError, match="stages"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, stages=1)
+    merged = decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, merge=True)
+    assert merged.key() == "decodeattn-d128-g4-p16-c512-t128-mma1-st3-direct0-merge1"
+    with pytest.raises(KernelsError, match="split over chunks"):
+        decode_attention_spec(128, 4, 16, 512, direct=True, mma=True, merge=True)
+    with pytest.raises(KernelsError, match="needs mma"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, merge=True)
 
 
 def test_mla_attention_shape_rules() -> None:
@@ -231,8 +237,10 @@ def test_every_attention_variant_is_compiled_ahead_of_time() -> None:
         assert attention_combine_spec(128, c).key() in keys
         for threads, stages in ATTN_MMA_TILES:  # the tensor-core tiles the bench tries
             if c % (16 * (threads // 32)) == 0:  # a chunk of whole iterations
+                for merge in (False, True):
                     assert decode_attention_spec(128, 4, 16, c, direct=False, mma=True,
-                                             threads=threads, stages=stages).key() in keys
+                                                 threads=threads, stages=stages,
+                                                 merge=merge).key() in keys
     # the fused layer's attention on tensor cores, at every batch and context it runs
     cfg = LayerConfig()
     for b in (1, 8, 64):
