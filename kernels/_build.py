@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from agentload.kernels import _cute, _cute_attention, _cute_experts
+from agentload.kernels import _cute, _cute_attention, _cute_experts, _cute_mla
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import KernelSpec
 
@@ -91,7 +91,11 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
         d = int(g("d"))
         b, hq, hkv, pages, maxp, splits = (cute.sym_int() for _ in range(6))
         dv = int(g("dv", 0)) or d  # the value's width (MLA: the key's latent prefix)
-        if g("mma", False):
+        if g("shared", False):
+            fn = _cute_mla.DecodeAttentionMla(d, dv, int(g("g")), int(g("p")), int(g("c")),
+                                              int(g("st")), bool(g("direct")),
+                                              bool(g("pdl", False)))
+        elif g("mma", False):
             fn = _cute_attention.DecodeAttentionMma(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
                 bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)), dv,

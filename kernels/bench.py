@@ -538,7 +538,7 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     cache against its bytes' copy time; torch = scores, softmax and output as batched
     matmuls over the same latent laid out contiguously (the key is latent + rope, the
     value the latent; SDPA would repeat the one KV head for all 16)."""
-    from agentload.kernels.presets import MLA_SHAPE, MLA_TILES
+    from agentload.kernels.presets import MLA_SHAPE, MLA_SHARED_STAGES, MLA_TILES
     from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
 
     dk, h, page, dv = MLA_SHAPE
@@ -554,30 +554,36 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, h, dv)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kv[0], kv[0][..., :dv], table, lens,
                                             scale=scale)
-    best: tuple[float, tuple[int, int, int], str] | None = None
-    for c, (threads, stages) in itertools.product(ATTN_CHUNKS, MLA_TILES):
-        auto = attention_chunk(batch, dv // 128, ctx, sms=rep.ceil.sms,
-                               step=16 * (threads // 32))
-        if c % (16 * (threads // 32)) or (
-                c != auto and not 64 <= batch * (dv // 128) * -(-ctx // c) <= 4 * rep.ceil.sms):
+    best: tuple[float, tuple[int, int, int, bool], str] | None = None
+    # (chunk, threads, stages, shared): a CTA per 128 value columns, or one sharing tiles
+    tiles = [(c, t, st, False) for c, (t, st) in itertools.product(ATTN_CHUNKS, MLA_TILES)]
+    tiles += [(c, 32 * (dv // 128), st, True)
+              for c, st in itertools.product(ATTN_CHUNKS, MLA_SHARED_STAGES)]
+    for tile in tiles:
+        c, threads, stages, shared = tile
+        ctas = 1 if shared else dv // 128  # per chunk
+        step = 16 if shared else 16 * (threads // 32)
+        auto = attention_chunk(batch, ctas, ctx, sms=rep.ceil.sms, step=step)
+        if c % step or (c != auto and not 64 <= batch * ctas * -(-ctx // c)
+                        <= 4 * rep.ceil.sms):
             continue
-        tile = (c, threads, stages)
-        tag = f"chunk {c} t{threads} s{stages}"
+        tag = f"chunk {c} " + (f"shared s{stages}" if shared else f"t{threads} s{stages}")
         outs[0].fill_(float("nan"))
         try:
             ops.decode_attention_mla(qs[0], kv[0], table, lens, max_len=ctx, scale=scale,
                                      value_dim=dv, chunk=c, threads=threads, stages=stages,
-                                     out=outs[0])
+                                     shared=shared, out=outs[0])
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip mla {tag}: {str(exc)[:120]}", flush=True)
             continue
         rep.check(f"mla b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
                   reference.BF16_TOL)
 
-        def ours(i: int, tl: tuple[int, int, int]) -> Any:
+        def ours(i: int, tl: tuple[int, int, int, bool]) -> Any:
             return ops.decode_attention_mla(qs[i], kv[i], table, lens, max_len=ctx,
                                             scale=scale, value_dim=dv, chunk=tl[0],
-                                            threads=tl[1], stages=tl[2], out=outs[i])
+                                            threads=tl[1], stages=tl[2], shared=tl[3],
+                                            out=outs[i])
 
         us = graph_us([partial(ours, i, tile) for i in range(sets)])
         rep.variants.append({"op": f"mla ctx{ctx}", "rows": batch,
@@ -596,10 +602,11 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     torch_us = graph_us([partial(torch_mla, i) for i in range(2)])
     k_ours = None
     if best is not None:
-        c, threads, stages = best[1]
+        c, threads, stages, shared = best[1]
         k_ours = kernel_count(partial(ops.decode_attention_mla, qs[0], kv[0], table, lens,
                                       max_len=ctx, scale=scale, value_dim=dv, chunk=c,
-                                      threads=threads, stages=stages, out=outs[0]))
+                                      threads=threads, stages=stages, shared=shared,
+                                      out=outs[0]))
     rep.op(f"mla ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_mla, 0)),
            note=("" if best is None else f"best {best[2]}; ")

@@ -253,7 +253,7 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          value_dim: int = 512, chunk: int | None = None,
                          out: torch.Tensor | None = None, pdl: bool = False,
                          threads: int = 64, stages: int = 3,
-                         merge: bool = False) -> torch.Tensor:
+                         merge: bool = False, shared: bool = False) -> torch.Tensor:
     """One decode step of MLA attention (DeepSeek-V3 / Kimi, projections absorbed) over a
     paged latent cache, on tensor cores.
 
@@ -263,6 +263,10 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     ``value_dim`` columns. ``scale`` is the model's softmax scale (DeepSeek-V3: the
     unabsorbed head's ``(128 + 64) ** -0.5``, not ``Dk ** -0.5``). Returns ``[B, H,
     value_dim]`` bf16, still to be multiplied by the absorbed output projection.
+
+    ``shared``: one CTA of ``value_dim / 128`` warps per chunk copies each tile once and
+    its warps split the scoring and the value columns (``threads`` does not apply);
+    otherwise ``value_dim / 128`` CTAs per chunk each score the whole key.
     """
     _check_heads(q, "q", (None, None, None))
     b, h, dk = q.shape
@@ -273,14 +277,15 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     if not 1 <= max_len <= block_table.shape[1] * page:
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
-    slices = value_dim // 128  # CTAs per chunk, one per 128 value columns
-    c = chunk or attention_chunk(b, max(slices, 1), max_len, step=16 * (threads // 32))
+    slices = 1 if shared else value_dim // 128  # CTAs per chunk
+    step = 16 if shared else 16 * (threads // 32)
+    c = chunk or attention_chunk(b, max(slices, 1), max_len, step=step)
     splits = -(-max_len // c)
     direct = splits == 1
     merged = merge and not direct
     spec = decode_attention_spec(dk, h, page, c, direct=direct, pdl=pdl, threads=threads,
                                  stages=stages, mma=True, value_dim=value_dim, latent=True,
-                                 merge=merged)
+                                 merge=merged, shared=shared)
     o = _out(out, "out", _BF16, (b, h, value_dim), q)
     part = _scratch(f"attn-part-{value_dim}", q.device, torch.float32,
                     b * h * splits * value_dim).view(b, h, splits, value_dim)

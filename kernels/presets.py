@@ -200,6 +200,8 @@ MLA_SHAPE = (576, 16, 16, 512)
 MLA_TILES = ((64, 3), (64, 2), (32, 4))  # 22.5 KiB a warp's stage: 4 warps x 2 do not fit
 #: heads a GPU also compiled (first tile only): Kimi K2's 64 heads at TP 8
 MLA_OTHER_HEADS = (8,)
+#: stages of the shared-tile MLA kernel (one CTA of 4 warps per chunk) the bench tries
+MLA_SHARED_STAGES = (2, 3, 4)
 
 
 def mla_variants() -> list[KernelSpec]:
@@ -214,6 +216,12 @@ def mla_variants() -> list[KernelSpec]:
                         out.append(decode_attention_spec(
                             dk, heads, page, c, direct=direct, threads=threads,
                             stages=stages, mma=True, value_dim=dv, latent=True))
+        for heads in (h, *MLA_OTHER_HEADS):  # one CTA per chunk sharing each tile
+            for stages in MLA_SHARED_STAGES if heads == h else MLA_SHARED_STAGES[-1:]:
+                for direct in (False, True):
+                    out.append(decode_attention_spec(
+                        dk, heads, page, c, direct=direct, stages=stages, mma=True,
+                        value_dim=dv, latent=True, shared=True))
         out.append(attention_combine_spec(dv, c))
     return out
 

@@ -230,7 +230,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           pdl: bool = False, fresh: bool = False,
                           pipe: bool = False, mma: bool = False,
                           stages: int = 3, value_dim: int = 0,
-                          latent: bool = False, merge: bool = False) -> KernelSpec:
+                          latent: bool = False, merge: bool = False,
+                          shared: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -243,7 +244,13 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     tokens (``unroll`` and ``pipe`` do not apply). ``latent`` (tensor cores only) is MLA:
     one KV head, the key ``head_dim`` wide (latent + rope), the value its first
     ``value_dim`` columns. ``merge`` (tensor cores, split contexts only): the last CTA of
-    each (sequence, KV head) merges the chunks, so no combine kernel follows."""
+    each (sequence, KV head) merges the chunks, so no combine kernel follows. ``shared``
+    (with ``latent``): one CTA of ``value_dim / 128`` warps per chunk shares each tile
+    (:class:`DecodeAttentionMla`; ``threads`` follows)."""
+    if shared:
+        return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
+                                pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
+                                fresh=fresh)
     if mma or latent:
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
@@ -279,6 +286,16 @@ def mma_attention_smem(head_dim: int, group: int, page: int, chunk: int, warps: 
     q_frags = (head_dim // 32) * 2 * 32 * 16 if head_dim // 32 > 8 else 0
     return (warps * stages * vectors * 32 * 16 + chunk // page * 4
             + warps * group * (dvs + 2) * 4 + 256 + q_frags)
+
+
+MLA_ROW_PAD = 8  #: bf16 after each row of the shared MLA tile: rows 16 bytes apart in banks
+
+
+def mla_shared_smem(head_dim: int, value_dim: int, page: int, chunk: int, stages: int) -> int:
+    """Shared-memory bytes of one :class:`DecodeAttentionMla` CTA (as it launches)."""
+    warps = value_dim // 128
+    return (stages * 16 * (head_dim + MLA_ROW_PAD) * 2 + warps * 32 * 8 * 4
+            + chunk // page * 4 + 256)
 
 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
@@ -331,6 +348,28 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         items["latent"] = True
     if merge:
         items["merge"] = True
+    return _spec("decode_attn", pdl, **items)
+
+
+def _mla_shared_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
+                     stages: int, pdl: bool, value_dim: int, latent: bool, merge: bool,
+                     fresh: bool) -> KernelSpec:
+    if not latent or merge or fresh:
+        raise KernelsError("shared (one CTA per chunk sharing each tile) is MLA only "
+                           "(latent), without merge or the step's own key")
+    # the same shape rules as the per-slice kernel (it checks key, value, heads, pages)
+    _mma_attention_spec(head_dim, group, page, chunk, direct=direct, threads=32,
+                        stages=stages, pdl=pdl, fresh=False, value_dim=value_dim, latent=True)
+    if chunk % 16:
+        raise KernelsError(f"chunk {chunk} must be a multiple of 16 tokens")
+    smem = mla_shared_smem(head_dim, value_dim, page, chunk, stages)
+    if smem > SMEM_PER_CTA:
+        raise KernelsError(f"{stages} stages need {smem // 1024} KiB of shared memory, more "
+                           f"than a CTA's {SMEM_PER_CTA // 1024} KiB")
+    items: dict[str, int | bool] = {"d": head_dim, "g": group, "p": page, "c": chunk,
+                                    "t": 32 * (value_dim // 128), "mma": True, "st": stages,
+                                    "direct": direct, "dv": value_dim, "latent": True,
+                                    "shared": True}
     return _spec("decode_attn", pdl, **items)
 
 

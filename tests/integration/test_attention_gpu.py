@@ -184,22 +184,29 @@ def mla_case(lens: list[int], heads: int, seed: int = 0) -> tuple[torch.Tensor, 
     ([1000, 17, 4096, 2500, 1, 333, 2049, 64], 16),  # batch 8, ragged
     ([3000, 5], 8),                      # 8 heads: the MMA's rows 8-15 unused
 ])
-def test_mla_attention_matches_the_reference(lens: list[int], heads: int) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_mla_attention_matches_the_reference(lens: list[int], heads: int,
+                                             shared: bool) -> None:
     q, kv, table, seq = mla_case(lens, heads, seed=len(lens))
     scale = (128 + 64) ** -0.5
     out = torch.full((len(lens), heads, 512), float("nan"), device="cuda").to(BF)
-    ops.decode_attention_mla(q, kv, table, seq, max_len=max(lens), scale=scale, out=out)
+    ops.decode_attention_mla(q, kv, table, seq, max_len=max(lens), scale=scale, out=out,
+                             shared=shared)
     want = ref.paged_decode_attention(q, kv, kv[..., :512], table, seq, scale=scale)
     assert ref.rel_err(out, want) < ref.BF16_TOL
     if lens == [1]:
         assert ref.rel_err(out[0], kv[table[0, 0].long(), 0, 0, :512].expand(heads, 512)) < 1e-2
 
 
-@pytest.mark.parametrize(("chunk", "threads", "stages"), [(64, 64, 3), (512, 32, 4)])
-def test_mla_tiles_give_the_same_answer(chunk: int, threads: int, stages: int) -> None:
+@pytest.mark.parametrize(("chunk", "threads", "stages", "shared"),
+                         [(64, 64, 3, False), (512, 32, 4, False), (64, 128, 2, True),
+                          (1024, 128, 4, True)])
+def test_mla_tiles_give_the_same_answer(chunk: int, threads: int, stages: int,
+                                        shared: bool) -> None:
+    # shared: one CTA per chunk copies each tile once for its 4 warps (two barriers a tile)
     q, kv, table, seq = mla_case([5000, 1234, 1, 700], 16, seed=17)
     scale = (128 + 64) ** -0.5
     out = ops.decode_attention_mla(q, kv, table, seq, max_len=5000, scale=scale, chunk=chunk,
-                                   threads=threads, stages=stages)
+                                   threads=threads, stages=stages, shared=shared)
     want = ref.paged_decode_attention(q, kv, kv[..., :512], table, seq, scale=scale)
     assert ref.rel_err(out, want) < ref.BF16_TOL

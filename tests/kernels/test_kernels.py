@@ -212,6 +212,14 @@ def test_mla_attention_shape_rules() -> None:
     with pytest.raises(KernelsError, match="needs latent"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, value_dim=64)
     assert attention_combine_spec(512, 512).key() == "attncombine-d512-c512-t256"
+    # one CTA of 4 warps per chunk sharing each tile: its threads follow from the value
+    shared = decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, stages=4,
+                                   value_dim=512, latent=True, shared=True)
+    assert shared.key() == ("decodeattn-d576-g16-p16-c512-t128-mma1-st4-direct0-dv512-"
+                            "latent1-shared1")
+    assert shared.key() in {s.key() for s in bench_specs()}
+    with pytest.raises(KernelsError, match="MLA only"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, shared=True)
     # 4 warps x 3 stages of 22.5 KiB each: over the 227 KiB a CTA has
     with pytest.raises(KernelsError, match="shared memory"):
         decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, threads=128,
