@@ -96,8 +96,9 @@ class DecodeAttention:
             page = mBT[b, pi]
             off = tc - pi * self.P
             if cutlass.const_expr(self.fresh):
-                # the step's own token: from the projection, not (yet) the cache
-                if tok == seq_len - 1:
+                # the step's own token (and padding clamped to it): from the projection,
+                # not the cache slot this CTA is writing
+                if tok >= seq_len - 1:
                     cute.copy(ld_q, _head_vec(mKN, b, kvh, li), kbuf[u, None])
                     cute.copy(ld_q, _head_vec(mVN, b, kvh, li), vbuf[u, None])
                 else:
@@ -368,7 +369,6 @@ class DecodeAttentionMma:
         self.NB = self.DVS // 64  # 64-wide blocks: 16-byte V loads per token
         self.NK = 2 * self.NC  # K vectors per lane per tile (two n-tiles of 8 tokens)
         self.NV = self.NK + 4 * self.NB  # + V vectors (4 tokens per lane)
-        self.NIT = chunk // (16 * warps)  # tiles per warp
         self.HI = group > 8  # the MMA's rows 8-15 hold real heads
         self.QS = self.NC > 8  # Q's fragments in shared memory (registers for wide keys)
 
@@ -488,7 +488,8 @@ class DecodeAttentionMma:
                 self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * W + warp, k, warp,
                            lane)
                 cute.arch.cp_async_commit_group()
-            for it in cutlass.range(self.NIT):
+            # the chunk's live iterations only (a short context in a long chunk)
+            for it in cutlass.range((stop - t0 + 16 * W - 1) // (16 * W)):
                 k = it * W + warp
                 cute.arch.cp_async_wait_group(S - 2)
                 # the tile S - 1 ahead, into the stage read in the previous iteration
@@ -622,7 +623,8 @@ class DecodeAttentionMma:
         norm's last CTA: release fence, count, acquire fence."""
         G: cutlass.Constexpr = self.G
         DV: cutlass.Constexpr = self.DV
-        splits = (seq_len + self.C - 1) // self.C
+        # chunks that hold tokens, as many as the grid has (seq_len past max_len: fewer)
+        splits = cutlass.min((seq_len + self.C - 1) // self.C, mOP.shape[2])
         ci = b * hkv + kvh
         cute.arch.fence_acq_rel_gpu()  # this CTA's partial outputs, before the count
         cute.arch.sync_threads()

@@ -52,7 +52,6 @@ class DecodeAttentionMla:
         self.CPW = (self.NC + self.W - 1) // self.W  # chunks per warp (the last may lack one)
         self.VR = head_dim // V  # 16-byte vectors per key row
         self.ROW = head_dim + MLA_ROW_PAD  # shared-memory row, in bf16
-        self.NIT = chunk // 16  # tiles per chunk
         self.HI = group > 8
 
     def smem_bytes(self) -> int:
@@ -149,7 +148,7 @@ class DecodeAttentionMla:
             for k in cutlass.range_constexpr(S - 1):
                 self.issue(mK, s_tile, s_bt, t0, stop, k, k, tidx)
                 cute.arch.cp_async_commit_group()
-            for it in cutlass.range(self.NIT):
+            for it in cutlass.range((stop - t0 + 15) // 16):  # the live tiles only
                 cute.arch.cp_async_wait_group(S - 2)
                 # tile it landed for every thread; every warp is done with tile it - 1
                 cute.arch.sync_threads()

@@ -12,12 +12,15 @@ reading activations; use it when the previous kernel on the stream is one of the
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from agentload.kernels import _cache
 from agentload.kernels._cache import loaded_count as loaded_count  # re-exported: tests count loads
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import (
+    SMEM_PER_CTA,
     add_rmsnorm_spec,
     attention_chunk,
     attention_combine_spec,
@@ -26,6 +29,8 @@ from agentload.kernels.specs import (
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
+    mla_shared_smem,
+    mma_chunk_rules,
     router_spec,
     silu_mul_spec,
 )
@@ -278,14 +283,20 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
     slices = 1 if shared else value_dim // 128  # CTAs per chunk
-    step = 16 if shared else 16 * (threads // 32)
-    c = chunk or attention_chunk(b, max(slices, 1), max_len, step=step)
+    if shared:
+        step = math.lcm(16, page)
+        per_sm = max(1, min(2, SMEM_PER_CTA // mla_shared_smem(dk, value_dim, page, 512,
+                                                                stages)))
+    else:
+        step, per_sm = mma_chunk_rules(dk, h, page, threads, stages, value_dim, True)
+    c = chunk or attention_chunk(b, slices, max_len, step=step, ctas_per_sm=per_sm)
     splits = -(-max_len // c)
     direct = splits == 1
     merged = merge and not direct
     spec = decode_attention_spec(dk, h, page, c, direct=direct, pdl=pdl, threads=threads,
                                  stages=stages, mma=True, value_dim=value_dim, latent=True,
                                  merge=merged, shared=shared)
+    combine = None if direct or merged else attention_combine_spec(value_dim, c, pdl=pdl)
     o = _out(out, "out", _BF16, (b, h, value_dim), q)
     part = _scratch(f"attn-part-{value_dim}", q.device, torch.float32,
                     b * h * splits * value_dim).view(b, h, splits, value_dim)
@@ -294,8 +305,8 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     counters = _scratch("attn-count", q.device, torch.int32, b)
     _cache.get(spec)(q, kv_cache, kv_cache, block_table, seq_lens, part, lse, o, placeholder,
                      placeholder, counters, scale * 1.4426950408889634)
-    if not direct and not merged:
-        _cache.get(attention_combine_spec(value_dim, c, pdl=pdl))(part, lse, seq_lens, o)
+    if combine is not None:
+        _cache.get(combine)(part, lse, seq_lens, o)
     return o
 
 
@@ -341,15 +352,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not 1 <= max_len <= block_table.shape[1] * page:
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
-    # tokens one iteration of the CTA covers: the chunk must be a multiple of them
-    step = 16 * (threads // 32) if mma else (threads // 32) * (256 // d) * unroll
-    c = chunk or attention_chunk(b, hkv, max_len, step=step)
+    # tokens one iteration of the CTA covers (and, on tensor cores, whole pages): the
+    # chunk must be a multiple of them; CTAs an SM holds, from the shared memory
+    if mma:
+        step, per_sm = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)
+    else:
+        step, per_sm = (threads // 32) * (256 // d) * unroll, 2
+    c = chunk or attention_chunk(b, hkv, max_len, step=step, ctas_per_sm=per_sm)
     splits = -(-max_len // c)
     direct = splits == 1
     merged = merge and mma and not direct
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
                                  pipe=pipe, mma=mma, stages=stages, merge=merged)
+    # the combine's spec before any launch: a shape it refuses fails with nothing written
+    combine = None if direct or merged else attention_combine_spec(d, c, pdl=pdl)
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that
@@ -366,6 +383,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
                          qscale)
-    if not direct and not merged:
-        _cache.get(attention_combine_spec(d, c, pdl=pdl))(part, lse, seq_lens, o)
+    if combine is not None:
+        _cache.get(combine)(part, lse, seq_lens, o)
     return o

@@ -20,6 +20,7 @@ from agentload.kernels.specs import (
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
+    mma_chunk_rules,
     router_spec,
     silu_mul_spec,
 )
@@ -93,8 +94,10 @@ class LayerConfig:
         """The attention kernel (and its combine) the fused path uses at this shape."""
         out = []
         for mma in (False, True):  # the CUDA-core kernel, and the tensor-core one
-            step = 16 * (ATTN_MMA_LAYER[0] // 32) if mma else 32
-            c = attention_chunk(batch, self.kv_heads, context, step=step)
+            step, per_sm = (mma_chunk_rules(self.head_dim, self.group, self.page,
+                                            *ATTN_MMA_LAYER, self.head_dim, False)
+                            if mma else (32, 2))
+            c = attention_chunk(batch, self.kv_heads, context, step=step, ctas_per_sm=per_sm)
             direct = context <= c
             out.append(decode_attention_spec(
                 self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl, fresh=True,

@@ -10,6 +10,7 @@ outside what the kernels handle (the torch path is the fallback for those).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,7 @@ ROUTER_MAX_EXPERTS = 64  #: the router's selection is fully unrolled over expert
 ATTN_HEAD_DIMS = (64, 128, 256)  #: D / 8 lanes per token must divide a warp
 ATTN_MAX_GROUP = 8  #: query heads per KV head (accumulators per lane: 8 x group)
 SMEM_PER_CTA = 227 * 1024  #: Hopper's opt-in shared memory per CTA
-ATTN_COMBINE_DIMS = (*ATTN_HEAD_DIMS, 512)  #: value widths the combine merges
+ATTN_COMBINE_DIMS = (64, 128, 192, 256, 384, 512)  #: value widths the combine merges
 ATTN_MMA_MAX_GROUP = 16  #: query heads per KV head on tensor cores (the MMA's 16 rows)
 #: Split-KV chunk lengths compiled. The long ones serve batches whose sequences and KV
 #: heads alone fill the GPU: one chunk per sequence, no combine kernel.
@@ -298,6 +299,16 @@ def mla_shared_smem(head_dim: int, value_dim: int, page: int, chunk: int, stages
             + chunk // page * 4 + 256)
 
 
+def mma_chunk_rules(head_dim: int, group: int, page: int, threads: int, stages: int,
+                    value_dim: int, latent: bool) -> tuple[int, int]:
+    """``(step, ctas_per_sm)`` for :func:`attention_chunk` on the tensor-core kernel: a
+    chunk of whole iterations and whole pages, and the CTAs its shared memory lets an SM
+    hold (at most the 2 the choice aims at)."""
+    smem = mma_attention_smem(head_dim, group, page, 512, threads // 32, stages, value_dim,
+                              latent)
+    return math.lcm(16 * (threads // 32), page), max(1, min(2, SMEM_PER_CTA // smem))
+
+
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False,
@@ -314,6 +325,9 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         if fresh:
             raise KernelsError("MLA attention does not take the step's own key (append it "
                                "to the cache first)")
+        if merge:
+            raise KernelsError("merge is for GQA only: MLA's 512 value columns would be "
+                               "merged by one small CTA (use the combine)")
     elif head_dim % 64 or not 64 <= head_dim <= 256:
         raise KernelsError(f"tensor-core attention takes a head dim of 64, 128, 192 or 256, "
                            f"got {head_dim}")
@@ -325,6 +339,9 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
     if page < 16 or page % 16:
         raise KernelsError(f"tensor-core attention needs pages of a multiple of 16 tokens "
                            f"(one page per tile), got {page}")
+    if chunk % page:
+        raise KernelsError(f"tensor-core attention needs a chunk of whole pages: {chunk} "
+                           f"is not a multiple of {page}")
     if threads % 32 or not 32 <= threads <= 512:
         raise KernelsError(f"threads must be a multiple of 32 up to 512, got {threads}")
     if not 2 <= stages <= 6:
@@ -395,4 +412,5 @@ def attention_chunk(batch: int, kv_heads: int, max_len: int, *, sms: int = 132,
     for c in options:
         if batch * kv_heads * -(-max_len // c) <= target:
             return c
-    return options[-1]
+    # the sequences alone fill the GPU: one chunk each, no longer than the context needs
+    return next((c for c in options if c >= max_len), options[-1])

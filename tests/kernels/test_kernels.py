@@ -197,6 +197,12 @@ def test_tensor_core_attention_shape_rules() -> None:
         decode_attention_spec(128, 4, 16, 512, direct=True, mma=True, merge=True)
     with pytest.raises(KernelsError, match="needs mma"):
         decode_attention_spec(128, 4, 16, 512, direct=False, merge=True)
+    # one page id per tile, counted from the chunk's first page: whole pages a chunk
+    with pytest.raises(KernelsError, match="whole pages"):
+        decode_attention_spec(128, 4, 128, 64, direct=False, mma=True, threads=64)
+    assert decode_attention_spec(128, 4, 128, 256, direct=False, mma=True).get("p") == 128
+    # a 192-wide head splits too: the combine takes its rows
+    assert attention_combine_spec(192, 512).get("d") == 192
 
 
 def test_mla_attention_shape_rules() -> None:
@@ -209,6 +215,9 @@ def test_mla_attention_shape_rules() -> None:
     with pytest.raises(KernelsError, match="own key"):
         decode_attention_spec(576, 16, 16, 512, direct=False, value_dim=512, latent=True,
                               fresh=True)
+    with pytest.raises(KernelsError, match="GQA only"):
+        decode_attention_spec(576, 16, 16, 512, direct=False, value_dim=512, latent=True,
+                              merge=True)
     with pytest.raises(KernelsError, match="needs latent"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, value_dim=64)
     assert attention_combine_spec(512, 512).key() == "attncombine-d512-c512-t256"
@@ -235,6 +244,8 @@ def test_attention_chunk_fills_the_gpu_without_tiny_chunks() -> None:
     assert attention_chunk(64, 4, 32768) == 32768
     assert attention_chunk(8, 4, 32768) == 4096
     assert attention_chunk(8, 4, 4096) == 512
+    # many short sequences: one chunk each, as long as the context, not the longest chunk
+    assert attention_chunk(64, 8, 100) == 128
 
 
 def test_every_attention_variant_is_compiled_ahead_of_time() -> None:
