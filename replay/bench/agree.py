@@ -440,10 +440,11 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                     other = pending.result()
                 if not other.get("ran"):
                     raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
-                # one window: the server's counters are the pair's, the same for both
+                # one window: the server's counters and the host's load are the pair's,
+                # the same for both (vllm's own host figure spans only its process)
                 mine["server"] = other["server"] = counters_delta(
                     before, server_counters(base), probes)
-                mine["host"] = host_share(ticks, host_ticks())
+                mine["host"] = other["host"] = host_share(ticks, host_ticks())
             else:
                 say(f"run {i + 1}/{runs}: agentload ...")
                 before, ticks = server_counters(base), host_ticks()

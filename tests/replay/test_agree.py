@@ -313,6 +313,8 @@ def test_together_runs_both_tools_at_once_at_half_the_concurrency(
         assert a0 < v1 and v0 < a1  # the two runs of a pair overlap in time
     assert concurrencies == {"agentload": [3, 3], "vllm": [3, 3]}  # ceil(5 / 2) each
     assert r["config"]["together"] and r["config"]["concurrency_each"] == 3
+    # one window for the pair: the host's load is the same figure in both rows
+    assert [x["host"] for x in r["agentload_runs"]] == [x["host"] for x in r["vllm_bench_runs"]]
     assert "both tools at once (3 each)" in agree_lines(r)[0]
     assert any("running at the same time" in line for line in agree_lines(r))
     assert any("together" in line for line in said)
