@@ -47,6 +47,90 @@ def _head_vec(t: object, b: object, head: object, col: object) -> object:
     return cute.local_tile(t, (1, 1, V), (b, head, col))[0, 0, None]
 
 
+@cute.jit
+def _online_softmax(acc_s, acc_o, run_max, run_sum, base, stop, qscale, t, hi: bool):
+    """One 16-token tile's scores (``acc_s``: two ``m16n8k16`` accumulators, c0, c1 =
+    head g at tokens 8 r + 2t + (0, 1), c2, c3 = head g + 8) into the online softmax:
+    tokens from ``stop`` on masked, the running max and this lane's share of the sum
+    updated (the quad's shares add up at the end), ``acc_o`` rescaled. Returns P as the
+    next MMA's A fragment (16 heads x 16 tokens: a0a1 = [g, 2t..], a2a3 = [g + 8, 2t..],
+    a4a5 = [g, 2t + 8..], a6a7 = [g + 8, 2t + 8..], the order the scores already have);
+    without ``hi`` the MMA's rows 8-15 hold no heads and are zeros."""
+    p = cute.make_rmem_tensor(cute.make_layout((8,)), Float32)  # [r, row, q]
+    for h in cutlass.range_constexpr(2 if hi else 1):
+        top = run_max[h]
+        for r in cutlass.range_constexpr(2):
+            for q in cutlass.range_constexpr(2):
+                sv = acc_s[r][2 * h + q] * qscale
+                if base + 8 * r + 2 * t + q >= stop:
+                    sv = Float32(-float("inf"))
+                p[r * 4 + h * 2 + q] = sv
+                top = cute.arch.fmax(top, sv)
+        top = cute.arch.warp_reduction(top, cute.arch.fmax, threads_in_group=4)
+        corr = cute.math.exp2(run_max[h] - top, fastmath=True)
+        run_max[h] = top
+        ssum = run_sum[h] * corr
+        for r in cutlass.range_constexpr(2):
+            for q in cutlass.range_constexpr(2):
+                e = cute.math.exp2(p[r * 4 + h * 2 + q] - top, fastmath=True)
+                p[r * 4 + h * 2 + q] = e
+                ssum = ssum + e
+        run_sum[h] = ssum
+        for n in cutlass.range_constexpr(len(acc_o)):
+            for q in cutlass.range_constexpr(2):
+                acc_o[n][2 * h + q] = acc_o[n][2 * h + q] * corr
+    if cutlass.const_expr(not hi):
+        for r in cutlass.range_constexpr(2):
+            for q in cutlass.range_constexpr(2):
+                p[r * 4 + 2 + q] = 0.0
+    pa = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
+    pa.store(p.load().to(BFloat16))
+    return pa
+
+
+@cute.jit
+def _pv_mma(atom, acc_o, blk, pa, vs):
+    """``O += P V`` for one 64-wide block of value columns: ``vs`` are this lane's 16-byte
+    loads of tokens 2t, 2t + 1, 2t + 8, 2t + 9 (B = V, 16 tokens x 8 columns: b0b1, b2b3),
+    and the lane's column of n-tile i is element i of each load."""
+    for i in cutlass.range_constexpr(V):
+        bv = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
+        for q in cutlass.range_constexpr(4):
+            bv[q] = vs[q][i]
+        cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
+
+
+@cute.jit
+def _merge_states(s_acc, s_ml, parts: int, group: int, dim: int, threads: int, tidx,
+                  direct: bool, mO, mOP, mLse, b, kvh, split, sl):
+    """The CTA's ``parts`` softmax states in shared memory (``s_acc[part, head, d]``
+    un-normalized, ``s_ml[part, head]`` = running max, sum) merged into whole outputs,
+    each thread a column at a time: the bf16 output (``direct``), or this chunk's
+    normalized output and log-sum-exp for the combine. ``sl``: which ``dim`` value
+    columns of the head (MLA's slices; 0 otherwise), the one that writes the lse."""
+    for e in cutlass.range_constexpr((group * dim + threads - 1) // threads):
+        idx = e * threads + tidx
+        if idx < group * dim:
+            hh = idx // dim
+            d = idx - hh * dim
+            top = Float32(NEG_INIT)
+            for w in cutlass.range_constexpr(parts):
+                top = cute.arch.fmax(top, s_ml[w, hh, 0])
+            den = Float32(0.0)
+            num = Float32(0.0)
+            for w in cutlass.range_constexpr(parts):
+                wt = cute.math.exp2(s_ml[w, hh, 0] - top, fastmath=True)
+                den = den + wt * s_ml[w, hh, 1]
+                num = num + wt * s_acc[w, hh, d]
+            o = num / den
+            if cutlass.const_expr(direct):
+                mO[b, kvh * group + hh, sl * dim + d] = o.to(BFloat16)
+            else:
+                mOP[b, kvh * group + hh, split, sl * dim + d] = o
+                if d == 0 and sl == 0:
+                    mLse[b, kvh * group + hh, split] = top + cute.math.log2(den, fastmath=True)
+
+
 class DecodeAttention:
     """Split-KV decode attention over a paged cache, GQA, one CTA per (chunk, kv head, seq).
 
@@ -224,27 +308,8 @@ class DecodeAttention:
             cute.arch.sync_threads()
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
-            for e in cutlass.range_constexpr((G * D + self.T - 1) // self.T):
-                idx = e * self.T + tidx
-                if idx < G * D:
-                    g = idx // D
-                    d = idx - g * D
-                    top = Float32(NEG_INIT)
-                    for s in cutlass.range_constexpr(NS):
-                        top = cute.arch.fmax(top, s_ml[s, g, 0])
-                    den = Float32(0.0)
-                    num = Float32(0.0)
-                    for s in cutlass.range_constexpr(NS):
-                        w = cute.math.exp2(s_ml[s, g, 0] - top, fastmath=True)
-                        den = den + w * s_ml[s, g, 1]
-                        num = num + w * s_acc[s, g, d]
-                    o = num / den
-                    if cutlass.const_expr(self.direct):
-                        mO[b, kvh * G + g, d] = o.to(BFloat16)
-                    else:
-                        mOP[b, kvh * G + g, split, d] = o
-                        if d == 0:
-                            mLse[b, kvh * G + g, split] = top + cute.math.log2(den, fastmath=True)
+            _merge_states(s_acc, s_ml, NS, G, D, self.T, tidx, self.direct, mO, mOP, mLse, b,
+                          kvh, split, 0)
 
 
 class AttentionCombine:
@@ -574,47 +639,9 @@ class DecodeAttentionMma:
                 kv = vec(r * NC + c)
                 for s in cutlass.range_constexpr(2):
                     _mma_k16(atom, acc_s[r], lo, hi, kv, s)
-        # c0, c1: head g at tokens 8 r + 2t + (0, 1); c2, c3: head g + 8
-        p = cute.make_rmem_tensor(cute.make_layout((8,)), Float32)  # [r, row, q]
-        for h in cutlass.range_constexpr(2 if self.HI else 1):
-            top = run_max[h]
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    sv = acc_s[r][2 * h + q] * qscale
-                    if base + 8 * r + 2 * t + q >= stop:
-                        sv = Float32(-float("inf"))
-                    p[r * 4 + h * 2 + q] = sv
-                    top = cute.arch.fmax(top, sv)
-            top = cute.arch.warp_reduction(top, cute.arch.fmax, threads_in_group=4)
-            corr = cute.math.exp2(run_max[h] - top, fastmath=True)
-            run_max[h] = top
-            ssum = run_sum[h] * corr
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    e = cute.math.exp2(p[r * 4 + h * 2 + q] - top, fastmath=True)
-                    p[r * 4 + h * 2 + q] = e
-                    ssum = ssum + e
-            run_sum[h] = ssum  # this lane's share; the quad's shares add up at the end
-            for n in cutlass.range_constexpr(len(acc_o)):
-                for q in cutlass.range_constexpr(2):
-                    acc_o[n][2 * h + q] = acc_o[n][2 * h + q] * corr
-        if cutlass.const_expr(not self.HI):
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    p[r * 4 + 2 + q] = 0.0
-        # A = P (16 heads x 16 tokens): a0a1 = [g, 2t..], a2a3 = [g + 8, 2t..],
-        # a4a5 = [g, 2t + 8..], a6a7 = [g + 8, 2t + 8..] -- the order p already has.
-        pa = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
-        pa.store(p.load().to(BFloat16))
-        # B = V (16 tokens x 8 columns): b0b1 = tokens 2t, 2t + 1; b2b3 = 2t + 8, 2t + 9;
-        # this lane's column of n-tile i is element i of its 16-byte loads.
+        pa = _online_softmax(acc_s, acc_o, run_max, run_sum, base, stop, qscale, t, self.HI)
         for blk in cutlass.range_constexpr(NB):
-            vs = [vec(NK + q * NB + blk) for q in range(4)]
-            for i in cutlass.range_constexpr(V):
-                bv = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
-                for q in cutlass.range_constexpr(4):
-                    bv[q] = vs[q][i]
-                cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
+            _pv_mma(atom, acc_o, blk, pa, [vec(NK + q * NB + blk) for q in range(4)])
 
     @cute.jit
     def merge_if_last(self, mOP, mLse, mO, mCnt, s_flag, b, kvh, hkv, seq_len, tidx):
@@ -681,24 +708,5 @@ class DecodeAttentionMma:
         cute.arch.sync_threads()
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        for e in cutlass.range_constexpr((G * D + self.T - 1) // self.T):
-            idx = e * self.T + tidx
-            if idx < G * D:
-                hh = idx // D
-                d = idx - hh * D
-                top = Float32(NEG_INIT)
-                for w in cutlass.range_constexpr(W):
-                    top = cute.arch.fmax(top, s_ml[w, hh, 0])
-                den = Float32(0.0)
-                num = Float32(0.0)
-                for w in cutlass.range_constexpr(W):
-                    wt = cute.math.exp2(s_ml[w, hh, 0] - top, fastmath=True)
-                    den = den + wt * s_ml[w, hh, 1]
-                    num = num + wt * s_acc[w, hh, d]
-                o = num / den
-                if cutlass.const_expr(self.direct):
-                    mO[b, kvh * G + hh, sl * D + d] = o.to(BFloat16)
-                else:
-                    mOP[b, kvh * G + hh, split, sl * D + d] = o
-                    if d == 0 and sl == 0:
-                        mLse[b, kvh * G + hh, split] = top + cute.math.log2(den, fastmath=True)
+        _merge_states(s_acc, s_ml, W, G, D, self.T, tidx, self.direct, mO, mOP, mLse, b, kvh,
+                      split, sl)

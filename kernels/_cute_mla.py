@@ -29,7 +29,13 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentload.kernels._cute import V, _mma_k16, _vec_atom
-from agentload.kernels._cute_attention import NEG_INIT, _cache_vec, _head_vec
+from agentload.kernels._cute_attention import (
+    NEG_INIT,
+    _cache_vec,
+    _head_vec,
+    _online_softmax,
+    _pv_mma,
+)
 from agentload.kernels.specs import MLA_ROW_PAD, mla_shared_smem
 
 
@@ -199,45 +205,12 @@ class DecodeAttentionMla:
                 for w in cutlass.range_constexpr(W):
                     tot = tot + s_part[w, lane, r * 4 + e]
                 acc_s[r][e] = tot
-        # c0, c1: head g at tokens 8 r + 2t + (0, 1); c2, c3: head g + 8 (as in the GQA kernel)
-        p = cute.make_rmem_tensor(cute.make_layout((8,)), Float32)  # [r, row, q]
-        for h in cutlass.range_constexpr(2 if self.HI else 1):
-            top = run_max[h]
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    sv = acc_s[r][2 * h + q] * qscale
-                    if base + 8 * r + 2 * t + q >= stop:
-                        sv = Float32(-float("inf"))
-                    p[r * 4 + h * 2 + q] = sv
-                    top = cute.arch.fmax(top, sv)
-            top = cute.arch.warp_reduction(top, cute.arch.fmax, threads_in_group=4)
-            corr = cute.math.exp2(run_max[h] - top, fastmath=True)
-            run_max[h] = top
-            ssum = run_sum[h] * corr
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    e = cute.math.exp2(p[r * 4 + h * 2 + q] - top, fastmath=True)
-                    p[r * 4 + h * 2 + q] = e
-                    ssum = ssum + e
-            run_sum[h] = ssum
-            for n in cutlass.range_constexpr(len(acc_o)):
-                for q in cutlass.range_constexpr(2):
-                    acc_o[n][2 * h + q] = acc_o[n][2 * h + q] * corr
-        if cutlass.const_expr(not self.HI):
-            for r in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(2):
-                    p[r * 4 + 2 + q] = 0.0
-        pa = cute.make_rmem_tensor(cute.make_layout((8, 1, 1)), BFloat16)
-        pa.store(p.load().to(BFloat16))
+        pa = _online_softmax(acc_s, acc_o, run_max, run_sum, base, stop, qscale, t, self.HI)
         for blk in cutlass.range_constexpr(2):  # this warp's columns 128 w + 64 blk + 8 j + i
             col = warp * 16 + blk * 8 + g  # in 16-byte vectors
-            vs = [self.vec(ld_s, s_tile, stage, (q // 2) * 8 + 2 * t + q % 2, col)
-                  for q in range(4)]
-            for i in cutlass.range_constexpr(V):
-                bv = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), BFloat16)
-                for q in cutlass.range_constexpr(4):
-                    bv[q] = vs[q][i]
-                cute.gemm(atom, acc_o[blk * V + i], pa, bv, acc_o[blk * V + i])
+            _pv_mma(atom, acc_o, blk, pa,
+                    [self.vec(ld_s, s_tile, stage, (q // 2) * 8 + 2 * t + q % 2, col)
+                     for q in range(4)])
 
     @cute.jit
     def epilogue(self, acc_o, run_max, run_sum, mOP, mLse, mO, b, split, warp, g, t):
