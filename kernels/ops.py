@@ -12,15 +12,12 @@ reading activations; use it when the previous kernel on the stream is one of the
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from agentload.kernels import _cache
 from agentload.kernels._cache import loaded_count as loaded_count  # re-exported: tests count loads
 from agentload.kernels.errors import KernelsError
 from agentload.kernels.specs import (
-    SMEM_PER_CTA,
     add_rmsnorm_spec,
     attention_chunk,
     attention_combine_spec,
@@ -29,7 +26,6 @@ from agentload.kernels.specs import (
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
-    mla_shared_smem,
     mma_chunk_rules,
     router_spec,
     silu_mul_spec,
@@ -283,12 +279,8 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         raise KernelsError(f"max_len {max_len} must be 1..{block_table.shape[1] * page} "
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
     slices = 1 if shared else value_dim // 128  # CTAs per chunk
-    if shared:
-        step = math.lcm(16, page)
-        per_sm = max(1, min(2, SMEM_PER_CTA // mla_shared_smem(dk, value_dim, page, 512,
-                                                                stages)))
-    else:
-        step, per_sm = mma_chunk_rules(dk, h, page, threads, stages, value_dim, True)
+    step, per_sm = mma_chunk_rules(dk, h, page, threads, stages, value_dim, True,
+                                   shared=shared)
     c = chunk or attention_chunk(b, slices, max_len, step=step, ctas_per_sm=per_sm)
     splits = -(-max_len // c)
     direct = splits == 1

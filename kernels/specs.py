@@ -300,13 +300,19 @@ def mla_shared_smem(head_dim: int, value_dim: int, page: int, chunk: int, stages
 
 
 def mma_chunk_rules(head_dim: int, group: int, page: int, threads: int, stages: int,
-                    value_dim: int, latent: bool) -> tuple[int, int]:
-    """``(step, ctas_per_sm)`` for :func:`attention_chunk` on the tensor-core kernel: a
-    chunk of whole iterations and whole pages, and the CTAs its shared memory lets an SM
-    hold (at most the 2 the choice aims at)."""
-    smem = mma_attention_smem(head_dim, group, page, 512, threads // 32, stages, value_dim,
-                              latent)
-    return math.lcm(16 * (threads // 32), page), max(1, min(2, SMEM_PER_CTA // smem))
+                    value_dim: int, latent: bool, shared: bool = False) -> tuple[int, int]:
+    """``(step, ctas_per_sm)`` for :func:`attention_chunk` on the tensor-core kernels
+    (``shared``: the MLA one whose CTA shares each tile): a chunk of whole iterations and
+    whole pages, and the CTAs its shared memory lets an SM hold (at most the 2 the choice
+    aims at)."""
+    if shared:
+        smem = mla_shared_smem(head_dim, value_dim, page, 512, stages)
+        tokens = 16  # the CTA's warps share each 16-token tile
+    else:
+        smem = mma_attention_smem(head_dim, group, page, 512, threads // 32, stages,
+                                  value_dim, latent)
+        tokens = 16 * (threads // 32)
+    return math.lcm(tokens, page), max(1, min(2, SMEM_PER_CTA // smem))
 
 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
