@@ -448,6 +448,34 @@ ATTN_CASES = ((1, 4096), (1, 32768), (8, 4096), (8, 32768), (64, 4096), (64, 327
 ATTN_HEADS = (16, 4, 128, 16)  # query heads, KV heads, head dim, page
 
 
+def _best_tile(rep: Report, op: str, check: str, batch: int, tiles: Sequence[tuple[Any, ...]],
+               tag: Callable[[tuple[Any, ...]], str], is_auto: Callable[[tuple[Any, ...]], bool],
+               call: Callable[[int, tuple[Any, ...]], Any], want: torch.Tensor,
+               outs: Sequence[torch.Tensor], sets: int
+               ) -> tuple[float, tuple[Any, ...], str] | None:
+    """Each tile checked against ``want`` (``call(0, tile)`` writes ``outs[0]``; the check
+    is named ``check`` and the tile's tag) and timed
+    over the rotating sets; every variant's time is kept. ``(µs, tile, tag)`` of the
+    fastest, or None when no tile could run (one missing from the AOT cache is skipped
+    and named)."""
+    best: tuple[float, tuple[Any, ...], str] | None = None
+    for tile in tiles:
+        name = tag(tile)
+        outs[0].fill_(float("nan"))
+        try:
+            call(0, tile)
+        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
+            print(f"  skip {op} {name}: {str(exc)[:120]}", flush=True)
+            continue
+        rep.check(f"{check} {name}", reference.rel_err(outs[0], want), reference.BF16_TOL)
+        us = graph_us([partial(call, i, tile) for i in range(sets)])
+        rep.variants.append({"op": op, "rows": batch,
+                             "variant": name + (" (auto)" if is_auto(tile) else ""), "us": us})
+        if best is None or us < best[0]:
+            best = (us, tile, name)
+    return best
+
+
 def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     """Decode attention over a paged cache (pages shuffled) against the KV bytes' copy
     time; torch = SDPA (GQA) over the same keys laid out contiguously, no paging."""
@@ -468,7 +496,6 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    # (chunk, threads, unroll, pipe, mma, stages): CUDA-core tiles, then tensor-core ones
     # (chunk, threads, unroll, pipe, mma, stages, merge): CUDA-core tiles, tensor-core ones,
     # and tensor-core ones whose last CTA merges the chunks (split contexts only)
     tiles = [(c, t, u, p, False, 3, False)
@@ -477,34 +504,21 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
               for c, (t, st), mg in itertools.product(ATTN_CHUNKS, ATTN_MMA_TILES,
                                                       (False, True))
               if c % (16 * (t // 32)) == 0 and not (mg and c >= ctx)]
-    best: tuple[float, tuple[int, int, int, bool, bool, int, bool], str] | None = None
-    for tile in tiles:
-        c, threads, unroll, pipe, mma, stages, merge = tile
-        if c != auto and not 64 <= batch * hkv * -(-ctx // c) <= 4 * rep.ceil.sms:
-            continue
-        tag = (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "") if mma else
-               f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
-        outs[0].fill_(float("nan"))
-        try:
-            ops.decode_attention(qs[0], kc[0], vc[0], table, lens, max_len=ctx, out=outs[0],
-                                 chunk=c, threads=threads, unroll=unroll, pipe=pipe, mma=mma,
-                                 stages=stages, merge=merge)
-        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
-            print(f"  skip attention {tag}: {str(exc)[:120]}", flush=True)
-            continue
-        rep.check(f"attention b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
-                  reference.BF16_TOL)
+    tiles = [tl for tl in tiles
+             if tl[0] == auto or 64 <= batch * hkv * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
 
-        def ours(i: int, tl: tuple[int, int, int, bool, bool, int, bool]) -> Any:
-            return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
-                                        out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
-                                        pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6])
+    def tag(tl: tuple[Any, ...]) -> str:
+        c, threads, unroll, pipe, mma, stages, merge = tl
+        return (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "") if mma
+                else f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
 
-        us = graph_us([partial(ours, i, tile) for i in range(sets)])
-        rep.variants.append({"op": f"attention ctx{ctx}", "rows": batch,
-                             "variant": tag + (" (auto)" if c == auto else ""), "us": us})
-        if best is None or us < best[0]:
-            best = (us, tile, tag)
+    def ours(i: int, tl: tuple[Any, ...]) -> Any:
+        return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
+                                    out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
+                                    pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6])
+
+    best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
+                      tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)
     # torch's peer reads the same keys contiguously: [B, Hkv, ctx, D] (no paging to follow)
     order = table.long()
     kt = [k[order.view(-1)].view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
@@ -519,13 +533,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     rep.check(f"attention b{batch} ctx{ctx} torch sdpa",
               reference.rel_err(torch_attn(0).squeeze(2), want), reference.BF16_TOL)
     torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
-    k_ours = None
-    if best is not None:
-        c, threads, unroll, pipe, mma, stages, merge = best[1]
-        k_ours = kernel_count(partial(ops.decode_attention, qs[0], kc[0], vc[0], table, lens,
-                                      max_len=ctx, chunk=c, threads=threads, unroll=unroll,
-                                      pipe=pipe, mma=mma, stages=stages, merge=merge,
-                                      out=outs[0]))
+    k_ours = None if best is None else kernel_count(partial(ours, 0, best[1]))
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
@@ -554,42 +562,33 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, h, dv)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kv[0], kv[0][..., :dv], table, lens,
                                             scale=scale)
-    best: tuple[float, tuple[int, int, int, bool], str] | None = None
     # (chunk, threads, stages, shared): a CTA per 128 value columns, or one sharing tiles
     tiles = [(c, t, st, False) for c, (t, st) in itertools.product(ATTN_CHUNKS, MLA_TILES)]
     tiles += [(c, 32 * (dv // 128), st, True)
               for c, st in itertools.product(ATTN_CHUNKS, MLA_SHARED_STAGES)]
-    for tile in tiles:
-        c, threads, stages, shared = tile
-        ctas = 1 if shared else dv // 128  # per chunk
-        step = 16 if shared else 16 * (threads // 32)
-        auto = attention_chunk(batch, ctas, ctx, sms=rep.ceil.sms, step=step)
-        if c % step or (c != auto and not 64 <= batch * ctas * -(-ctx // c)
-                        <= 4 * rep.ceil.sms):
-            continue
-        tag = f"chunk {c} " + (f"shared s{stages}" if shared else f"t{threads} s{stages}")
-        outs[0].fill_(float("nan"))
-        try:
-            ops.decode_attention_mla(qs[0], kv[0], table, lens, max_len=ctx, scale=scale,
-                                     value_dim=dv, chunk=c, threads=threads, stages=stages,
-                                     shared=shared, out=outs[0])
-        except Exception as exc:  # a variant missing from the AOT cache: skip, say so
-            print(f"  skip mla {tag}: {str(exc)[:120]}", flush=True)
-            continue
-        rep.check(f"mla b{batch} ctx{ctx} {tag}", reference.rel_err(outs[0], want),
-                  reference.BF16_TOL)
 
-        def ours(i: int, tl: tuple[int, int, int, bool]) -> Any:
-            return ops.decode_attention_mla(qs[i], kv[i], table, lens, max_len=ctx,
-                                            scale=scale, value_dim=dv, chunk=tl[0],
-                                            threads=tl[1], stages=tl[2], shared=tl[3],
-                                            out=outs[i])
+    def step_ctas(tl: tuple[Any, ...]) -> tuple[int, int]:  # tokens a step, CTAs a chunk
+        return (16, 1) if tl[3] else (16 * (tl[1] // 32), dv // 128)
 
-        us = graph_us([partial(ours, i, tile) for i in range(sets)])
-        rep.variants.append({"op": f"mla ctx{ctx}", "rows": batch,
-                             "variant": tag + (" (auto)" if c == auto else ""), "us": us})
-        if best is None or us < best[0]:
-            best = (us, tile, tag)
+    def auto_chunk(tl: tuple[Any, ...]) -> int:
+        step, ctas = step_ctas(tl)
+        return attention_chunk(batch, ctas, ctx, sms=rep.ceil.sms, step=step)
+
+    def wanted(tl: tuple[Any, ...]) -> bool:
+        (step, ctas), c = step_ctas(tl), int(tl[0])
+        return c % step == 0 and (c == auto_chunk(tl) or 64 <= batch * ctas * -(-ctx // c)
+                                  <= 4 * rep.ceil.sms)
+
+    def ours(i: int, tl: tuple[Any, ...]) -> Any:
+        return ops.decode_attention_mla(qs[i], kv[i], table, lens, max_len=ctx, scale=scale,
+                                        value_dim=dv, chunk=tl[0], threads=tl[1],
+                                        stages=tl[2], shared=tl[3], out=outs[i])
+
+    best = _best_tile(rep, f"mla ctx{ctx}", f"mla b{batch} ctx{ctx}", batch,
+                      [tl for tl in tiles if wanted(tl)],
+                      lambda tl: f"chunk {tl[0]} " + (f"shared s{tl[2]}" if tl[3]
+                                                      else f"t{tl[1]} s{tl[2]}"),
+                      lambda tl: tl[0] == auto_chunk(tl), ours, want, outs, sets)
     order = table.long().view(-1)
     lat = [k[order].view(batch, ctx, dk) for k in kv[:2]]
 
@@ -600,13 +599,7 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     rep.check(f"mla b{batch} ctx{ctx} torch matmul",
               reference.rel_err(torch_mla(0), want), reference.BF16_TOL)
     torch_us = graph_us([partial(torch_mla, i) for i in range(2)])
-    k_ours = None
-    if best is not None:
-        c, threads, stages, shared = best[1]
-        k_ours = kernel_count(partial(ops.decode_attention_mla, qs[0], kv[0], table, lens,
-                                      max_len=ctx, scale=scale, value_dim=dv, chunk=c,
-                                      threads=threads, stages=stages, shared=shared,
-                                      out=outs[0]))
+    k_ours = None if best is None else kernel_count(partial(ours, 0, best[1]))
     rep.op(f"mla ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_mla, 0)),
            note=("" if best is None else f"best {best[2]}; ")
