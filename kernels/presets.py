@@ -91,7 +91,9 @@ class LayerConfig:
         return dense + expert * (1 + distinct) + 2 * h * 2  # + the two norm weights
 
     def attention_specs(self, batch: int, context: int, *, pdl: bool) -> list[KernelSpec]:
-        """The attention kernel (and its combine) the fused path uses at this shape."""
+        """The attention kernels the fused path may use at this shape: the CUDA-core one
+        and the tensor-core one (its combine, or its own last CTA merging, when the
+        context is split)."""
         out = []
         for mma in (False, True):  # the CUDA-core kernel, and the tensor-core one
             step, per_sm = (mma_chunk_rules(self.head_dim, self.group, self.page,

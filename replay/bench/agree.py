@@ -438,8 +438,6 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                                          each, input_len, output_len, salt=2 * attempt - 1,
                                          transport=transport)
                     other = pending.result()
-                if not other.get("ran"):
-                    raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
                 # one window: the server's counters and the host's load are the pair's,
                 # the same for both (vllm's own host figure spans only its process)
                 mine["server"] = other["server"] = counters_delta(
@@ -459,9 +457,9 @@ def agreement(url: str | None = None, requests: int = 32, concurrency: int = 4,
                 other = vllm_run(base, workdir, model, tokenizer, requests, concurrency,
                                  input_len, output_len, token_id_range, salt=their_salt,
                                  cache_salt=shared)
-                if not other.get("ran"):
-                    raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
                 other["server"] = counters_delta(before, server_counters(base))
+            if not other.get("ran"):
+                raise ReplayError(f"vllm bench serve did not run: {other.get('reason')}")
             hits = other["server"].get("prefix_cache_hits_total") or 0
             if same_prompts and hits > requests:  # a few shared leading blocks are not
                 raise ReplayError(
