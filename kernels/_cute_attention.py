@@ -102,26 +102,35 @@ def _pv_mma(atom, acc_o, blk, pa, vs):
 
 @cute.jit
 def _merge_states(s_acc, s_ml, parts: int, group: int, dim: int, threads: int, tidx,
-                  direct: bool, mO, mOP, mLse, b, kvh, split, sl):
+                  direct: bool, mO, mOP, mLse, b, kvh, split, sl, heads: int = 1):
     """The CTA's ``parts`` softmax states in shared memory (``s_acc[part, head, d]``
     un-normalized, ``s_ml[part, head]`` = running max, sum) merged into whole outputs,
     each thread a column at a time: the bf16 output (``direct``), or this chunk's
     normalized output and log-sum-exp for the combine. ``sl``: which ``dim`` value
-    columns of the head (MLA's slices; 0 otherwise), the one that writes the lse."""
-    for e in cutlass.range_constexpr((group * dim + threads - 1) // threads):
+    columns of the head (MLA's slices; 0 otherwise), the one that writes the lse.
+    ``heads``: KV heads the CTA holds (``kvh`` the first); head ``kvh + i``'s states are
+    the parts ``w`` with ``w % heads == i``."""
+    per: cutlass.Constexpr = parts // heads
+    for e in cutlass.range_constexpr((heads * group * dim + threads - 1) // threads):
         idx = e * threads + tidx
-        if idx < group * dim:
-            hh = idx // dim
+        if idx < heads * group * dim:
+            hh = idx // dim  # query head within the CTA's KV heads
             d = idx - hh * dim
+            hc = 0
+            gh = hh
+            if cutlass.const_expr(heads > 1):
+                hc = hh // group
+                gh = hh - hc * group
             top = Float32(NEG_INIT)
-            for w in cutlass.range_constexpr(parts):
-                top = cute.arch.fmax(top, s_ml[w, hh, 0])
+            for j in cutlass.range_constexpr(per):
+                top = cute.arch.fmax(top, s_ml[hc + heads * j, gh, 0])
             den = Float32(0.0)
             num = Float32(0.0)
-            for w in cutlass.range_constexpr(parts):
-                wt = cute.math.exp2(s_ml[w, hh, 0] - top, fastmath=True)
-                den = den + wt * s_ml[w, hh, 1]
-                num = num + wt * s_acc[w, hh, d]
+            for j in cutlass.range_constexpr(per):
+                w = hc + heads * j
+                wt = cute.math.exp2(s_ml[w, gh, 0] - top, fastmath=True)
+                den = den + wt * s_ml[w, gh, 1]
+                num = num + wt * s_acc[w, gh, d]
             o = num / den
             if cutlass.const_expr(direct):
                 mO[b, kvh * group + hh, sl * dim + d] = o.to(BFloat16)
@@ -420,8 +429,11 @@ class DecodeAttentionMma:
 
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
-                 value_dim: int = 0, latent: bool = False, merge: bool = False) -> None:
+                 value_dim: int = 0, latent: bool = False, merge: bool = False,
+                 kv_heads: int = 1) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
+        self.HC = kv_heads  # KV heads per CTA: warp w takes head w % HC of the CTA's
+        self.WH = warps // kv_heads  # warps per KV head
         self.DV = value_dim or head_dim
         self.DVS = 128 if latent else self.DV  # value columns per CTA
         self.NSL = self.DV // self.DVS  # CTAs per (chunk, KV head)
@@ -446,7 +458,8 @@ class DecodeAttentionMma:
         smem = mma_attention_smem(self.D, self.G, self.P, self.C, self.W, self.S, self.DV,
                                   self.latent)
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, mCnt, qscale).launch(
-            grid=[splits, hkv * self.NSL, b], block=[self.T, 1, 1], smem=smem, stream=stream,
+            grid=[splits, hkv // self.HC * self.NSL, b], block=[self.T, 1, 1], smem=smem,
+            stream=stream,
             use_pdl=self.pdl)
 
     @cute.jit
@@ -484,10 +497,17 @@ class DecodeAttentionMma:
                mKN: cute.Tensor, mVN: cute.Tensor, mCnt: cute.Tensor, qscale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         split, hy, b = cute.arch.block_idx()
-        kvh = hy // self.NSL
-        sl = hy - kvh * self.NSL  # which DVS value columns
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
+        kv0 = hy // self.NSL  # the CTA's first KV head
+        sl = hy - kv0 * self.NSL  # which DVS value columns
+        kvh = kv0  # this warp's KV head, and its place among that head's warps
+        wt = warp
+        if cutlass.const_expr(self.HC > 1):
+            kv0 = kv0 * self.HC
+            hc = warp % self.HC
+            kvh = kv0 + hc
+            wt = warp // self.HC
         G: cutlass.Constexpr = self.G
         D: cutlass.Constexpr = self.D
         DVS: cutlass.Constexpr = self.DVS
@@ -496,6 +516,7 @@ class DecodeAttentionMma:
         NC: cutlass.Constexpr = self.NC
         NV: cutlass.Constexpr = self.NV
         W: cutlass.Constexpr = self.W
+        WH: cutlass.Constexpr = self.WH
         g = lane // 4
         t = lane - g * 4
         ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
@@ -522,22 +543,28 @@ class DecodeAttentionMma:
         t0 = split * self.C
         if t0 < seq_len:
             stop = cutlass.min(seq_len, t0 + self.C)
+            # Q's loads first: in flight while the page ids come (both before any KV byte)
+            q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
             for i in cutlass.range(tidx, (stop - t0 + P - 1) // P, self.T):
                 s_bt[i] = mBT[b, t0 // P + i]
             if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
                 # The step's own key and value go to the cache first; the barrier below
                 # makes them visible to this CTA's cp.async reads (through L2).
-                if stop == seq_len and tidx < D // V:
+                if stop == seq_len and tidx < self.HC * (D // V):
                     last = seq_len - 1
                     lp = last // P
+                    nh = kv0  # the CTA's KV head whose column this thread appends
+                    col = tidx
+                    if cutlass.const_expr(self.HC > 1):
+                        nh = kv0 + tidx // (D // V)
+                        col = tidx % (D // V)
                     kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
                     vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    cute.copy(ld_q, _head_vec(mKN, b, kvh, tidx), kn)
-                    cute.copy(ld_q, _head_vec(mVN, b, kvh, tidx), vn)
+                    cute.copy(ld_q, _head_vec(mKN, b, nh, col), kn)
+                    cute.copy(ld_q, _head_vec(mVN, b, nh, col), vn)
                     st = _vec_atom()
-                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
-                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
-            q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
+                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, nh, col))
+                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, nh, col))
             cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
             # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
             acc_o = []
@@ -550,15 +577,15 @@ class DecodeAttentionMma:
             run_max.fill(NEG_INIT)
             run_sum.fill(0.0)
             for k in cutlass.range_constexpr(S - 1):
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * W + warp, k, warp,
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * WH + wt, k, warp,
                            lane)
                 cute.arch.cp_async_commit_group()
             # the chunk's live iterations only (a short context in a long chunk)
-            for it in cutlass.range((stop - t0 + 16 * W - 1) // (16 * W)):
-                k = it * W + warp
+            for it in cutlass.range((stop - t0 + 16 * WH - 1) // (16 * WH)):
+                k = it * WH + wt
                 cute.arch.cp_async_wait_group(S - 2)
                 # the tile S - 1 ahead, into the stage read in the previous iteration
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * W,
+                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * WH,
                            (it + S - 1) % S, warp, lane)
                 cute.arch.cp_async_commit_group()
                 base = t0 + 16 * k
@@ -566,10 +593,10 @@ class DecodeAttentionMma:
                     self.tile(atom, q_lo, q_hi, s_q, s_kv, it % S, warp, lane, acc_o, run_max,
                               run_sum, base, stop, qscale)
             cute.arch.cp_async_wait_group(0)
-            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,
+            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kv0, sl,
                           split, warp, g, t, tidx)
             if cutlass.const_expr(self.merge):
-                self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kvh, mK.shape[2], seq_len,
+                self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kv0, mK.shape[2], seq_len,
                                    tidx)
 
     @cute.jit
@@ -646,9 +673,11 @@ class DecodeAttentionMma:
     @cute.jit
     def merge_if_last(self, mOP, mLse, mO, mCnt, s_flag, b, kvh, hkv, seq_len, tidx):
         """The last CTA of this (sequence, KV head) to finish merges every chunk's output
-        (all value columns) and re-arms the counter: no combine launch. As the fused
-        norm's last CTA: release fence, count, acquire fence."""
+        (all value columns; with several KV heads per CTA, all of them: ``kvh`` is the
+        first) and re-arms the counter: no combine launch. As the fused norm's last CTA:
+        release fence, count, acquire fence."""
         G: cutlass.Constexpr = self.G
+        GH: cutlass.Constexpr = self.G * self.HC  # query heads this CTA merges
         DV: cutlass.Constexpr = self.DV
         # chunks that hold tokens, as many as the grid has (seq_len past max_len: fewer)
         splits = cutlass.min((seq_len + self.C - 1) // self.C, mOP.shape[2])
@@ -663,25 +692,33 @@ class DecodeAttentionMma:
         cute.arch.sync_threads()
         if s_flag[0] == 1:
             cute.arch.fence_acq_rel_gpu()
-            for e in cutlass.range_constexpr((G * DV + self.T - 1) // self.T):
-                idx = e * self.T + tidx
-                if idx < G * DV:
+            # each thread NE columns, all of them advanced a chunk at a time: every load
+            # of a step (and of the unrolled steps) in flight together
+            NE: cutlass.Constexpr = (GH * DV + self.T - 1) // self.T
+            tops = cute.make_rmem_tensor(cute.make_layout((NE,)), Float32)
+            dens = cute.make_rmem_tensor(cute.make_layout((NE,)), Float32)
+            nums = cute.make_rmem_tensor(cute.make_layout((NE,)), Float32)
+            tops.fill(NEG_INIT)
+            dens.fill(0.0)
+            nums.fill(0.0)
+            for s in cutlass.range(splits, unroll=max(1, 8 // NE)):
+                for e in cutlass.range_constexpr(NE):
+                    idx = cutlass.min(e * self.T + tidx, GH * DV - 1)  # spare lanes: repeat
                     hh = idx // DV
-                    d = idx - hh * DV
                     h = kvh * G + hh
-                    top = Float32(NEG_INIT)
-                    den = Float32(0.0)
-                    num = Float32(0.0)
-                    for s in cutlass.range(splits, unroll=8):  # loads in flight together
-                        lse = mLse[b, h, s]
-                        part = mOP[b, h, s, d]
-                        new_top = cute.arch.fmax(top, lse)
-                        corr = cute.math.exp2(top - new_top, fastmath=True)
-                        w = cute.math.exp2(lse - new_top, fastmath=True)
-                        den = den * corr + w
-                        num = num * corr + w * part
-                        top = new_top
-                    mO[b, h, d] = (num / den).to(BFloat16)
+                    lse = mLse[b, h, s]
+                    part = mOP[b, h, s, idx - hh * DV]
+                    new_top = cute.arch.fmax(tops[e], lse)
+                    corr = cute.math.exp2(tops[e] - new_top, fastmath=True)
+                    w = cute.math.exp2(lse - new_top, fastmath=True)
+                    dens[e] = dens[e] * corr + w
+                    nums[e] = nums[e] * corr + w * part
+                    tops[e] = new_top
+            for e in cutlass.range_constexpr(NE):
+                idx = e * self.T + tidx
+                if idx < GH * DV:
+                    hh = idx // DV
+                    mO[b, kvh * G + hh, idx - hh * DV] = (nums[e] / dens[e]).to(BFloat16)
             cute.arch.sync_threads()
             if tidx == 0:
                 cute.arch.atomic_exch(mCnt.iterator + ci, Int32(0), sem="relaxed", scope="gpu")
@@ -689,7 +726,8 @@ class DecodeAttentionMma:
     @cute.jit
     def epilogue(self, acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl,
                  split, warp, g, t, tidx):
-        """The warps meet in shared memory; each thread then merges whole outputs."""
+        """The warps meet in shared memory; each thread then merges whole outputs (``kvh``:
+        the CTA's first KV head)."""
         G: cutlass.Constexpr = self.G
         D: cutlass.Constexpr = self.DVS
         W: cutlass.Constexpr = self.W
@@ -709,4 +747,4 @@ class DecodeAttentionMma:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         _merge_states(s_acc, s_ml, W, G, D, self.T, tidx, self.direct, mO, mOP, mLse, b, kvh,
-                      split, sl)
+                      split, sl, heads=self.HC)

@@ -99,8 +99,9 @@ def eager_us(fn: Fn, *, reps: int = 20, warmup: int = 3) -> float:
     return float(statistics.median(times)) * 1e3
 
 
-def kernel_count(fn: Fn) -> int:
-    """CUDA kernels one call of ``fn`` launches (torch.profiler / CUPTI, Kineto trace)."""
+def kernel_times(fn: Fn) -> list[tuple[str, float]]:
+    """``(name, µs)`` of each CUDA kernel one call of ``fn`` launches, in launch order
+    (torch.profiler / CUPTI, Kineto trace; eager launches, so each kernel runs alone)."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
@@ -114,7 +115,32 @@ def kernel_count(fn: Fn) -> int:
         path = Path(tmp) / "t.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text()).get("traceEvents", [])
-    return sum(1 for e in events if e.get("cat") == "kernel")
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    return [(str(e.get("name", "?")), float(e.get("dur", 0.0))) for e in kernels]
+
+
+def kernel_count(fn: Fn) -> int:
+    """CUDA kernels one call of ``fn`` launches."""
+    return len(kernel_times(fn))
+
+
+def _short_kernel(name: str) -> str:
+    """A kernel's name without its template arguments and CuTe DSL's mangling."""
+    for tag in ("DecodeAttentionMma", "DecodeAttentionMla", "DecodeAttention",
+                "AttentionCombine"):
+        if tag in name:
+            return tag
+    return name.split("<")[0].split("(")[0][:40]
+
+
+def copy_same_bytes_us(nbytes: int) -> float:
+    """Graph µs of a torch copy moving ``nbytes`` (half read, half written), cycling
+    buffers past L2: what the copy ceiling gives at this size, launch and ramp included."""
+    half = max(1, nbytes // 4)  # bf16 elements per side
+    n = max(2, -(-4 * (torch.cuda.get_device_properties(0).L2_cache_size or 1) // nbytes))
+    src = [torch.randn(half, device="cuda").to(_BF16) for _ in range(n)]
+    dst = [torch.empty_like(x) for x in src]
+    return graph_us([partial(d.copy_, x) for d, x in zip(dst, src, strict=True)])
 
 
 def _sets(bytes_per_call: int, l2: int) -> int:
@@ -479,7 +505,12 @@ def _best_tile(rep: Report, op: str, check: str, batch: int, tiles: Sequence[tup
 def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     """Decode attention over a paged cache (pages shuffled) against the KV bytes' copy
     time; torch = SDPA (GQA) over the same keys laid out contiguously, no paging."""
-    from agentload.kernels.presets import ATTN_MMA_TILES, ATTN_TILES
+    from agentload.kernels.presets import (
+        ATTN_ALL_HEADS,
+        ATTN_HEADS_TILES,
+        ATTN_MMA_TILES,
+        ATTN_TILES,
+    )
     from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
 
     hq, hkv, d, page = ATTN_HEADS
@@ -496,26 +527,30 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    # (chunk, threads, unroll, pipe, mma, stages, merge): CUDA-core tiles, tensor-core ones,
-    # and tensor-core ones whose last CTA merges the chunks (split contexts only)
-    tiles = [(c, t, u, p, False, 3, False)
+    # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA): CUDA-core tiles,
+    # tensor-core ones, those whose last CTA merges the chunks (split contexts only), and
+    # those whose CTA reads every KV head of its chunk (whole pages)
+    tiles = [(c, t, u, p, False, 3, False, 1)
              for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
-    tiles += [(c, t, 4, False, True, st, mg)
-              for c, (t, st), mg in itertools.product(ATTN_CHUNKS, ATTN_MMA_TILES,
-                                                      (False, True))
-              if c % (16 * (t // 32)) == 0 and not (mg and c >= ctx)]
-    tiles = [tl for tl in tiles
-             if tl[0] == auto or 64 <= batch * hkv * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
+    for kh, mma_tiles in ((1, ATTN_MMA_TILES), (ATTN_ALL_HEADS, ATTN_HEADS_TILES)):
+        tiles += [(c, t, 4, False, True, st, mg, kh)
+                  for c, (t, st), mg in itertools.product(ATTN_CHUNKS, mma_tiles,
+                                                          (False, True))
+                  if c % (16 * (t // 32 // kh)) == 0 and not (mg and c >= ctx)]
+    tiles = [tl for tl in tiles if tl[0] == auto
+             or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
 
     def tag(tl: tuple[Any, ...]) -> str:
-        c, threads, unroll, pipe, mma, stages, merge = tl
-        return (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "") if mma
+        c, threads, unroll, pipe, mma, stages, merge, kh = tl
+        return (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "")
+                + (f" {kh} heads a CTA" if kh > 1 else "") if mma
                 else f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
 
     def ours(i: int, tl: tuple[Any, ...]) -> Any:
         return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
                                     out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
-                                    pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6])
+                                    pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6],
+                                    kv_heads_per_cta=tl[7])
 
     best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
                       tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)
@@ -533,11 +568,13 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     rep.check(f"attention b{batch} ctx{ctx} torch sdpa",
               reference.rel_err(torch_attn(0).squeeze(2), want), reference.BF16_TOL)
     torch_us = graph_us([partial(torch_attn, i) for i in range(2)])
-    k_ours = None if best is None else kernel_count(partial(ours, 0, best[1]))
+    times = [] if best is None else kernel_times(partial(ours, 0, best[1]))
+    k_ours = len(times) or None
     rep.op(f"attention ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_attn, 0)),
            note=("" if best is None else f"best {best[2]} (auto chunk {auto}); ")
            + "torch = SDPA, contiguous KV, 2 sets (L2-warm)")
+    _kernel_detail(rep, times, nbytes)
     rep.save()  # a time limit mid-run keeps the cases done
 
 
@@ -599,12 +636,27 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
     rep.check(f"mla b{batch} ctx{ctx} torch matmul",
               reference.rel_err(torch_mla(0), want), reference.BF16_TOL)
     torch_us = graph_us([partial(torch_mla, i) for i in range(2)])
-    k_ours = None if best is None else kernel_count(partial(ours, 0, best[1]))
+    times = [] if best is None else kernel_times(partial(ours, 0, best[1]))
+    k_ours = len(times) or None
     rep.op(f"mla ctx{ctx}", batch, nbytes, None if best is None else best[0], torch_us,
            k_ours, kernel_count(partial(torch_mla, 0)),
            note=("" if best is None else f"best {best[2]}; ")
            + "torch = matmul-softmax-matmul over the latent, contiguous, 2 sets")
+    _kernel_detail(rep, times, nbytes)
     rep.save()
+
+
+def _kernel_detail(rep: Report, times: list[tuple[str, float]], nbytes: int) -> None:
+    """Under the last row: the best variant's kernels, each timed alone (eager), and a
+    torch copy of the row's bytes in a graph: how near the ceiling this size can get."""
+    copy_us = copy_same_bytes_us(nbytes)
+    row = rep.ops[-1]
+    row["kernel_us"] = [{"kernel": _short_kernel(n), "us": us} for n, us in times]
+    row["copy_same_bytes_us"] = copy_us
+    pct = nbytes / (copy_us * 1e-6) / 1e9 / rep.ceil.copy_gbps * 100
+    parts = " + ".join(f"{_short_kernel(n)} {us:.1f}" for n, us in times) or "-"
+    print(f"{'':<28}     kernels alone (µs): {parts}; a copy of these bytes: "
+          f"{copy_us:.1f} µs ({pct:.0f}% of the ceiling)", flush=True)
 
 
 def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

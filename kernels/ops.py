@@ -308,7 +308,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float | None = None, chunk: int | None = None,
                      out: torch.Tensor | None = None, pdl: bool = False,
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
-                     mma: bool = False, stages: int = 3, merge: bool = False) -> torch.Tensor:
+                     mma: bool = False, stages: int = 3, merge: bool = False,
+                     kv_heads_per_cta: int = 1) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -325,7 +326,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     tensor-core kernel instead: ``threads / 32`` warps of 16-token tiles, each streamed
     ``stages - 1`` tiles ahead into shared memory (pages of a multiple of 16 tokens);
     with ``merge`` its last CTA per (sequence, KV head) merges the chunks, so a split
-    context is one kernel too.
+    context is one kernel too. ``kv_heads_per_cta`` (with ``mma``): each CTA reads that
+    many KV heads of its chunk (whole pages of the cache, its warps dealt out over them).
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -346,17 +348,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                            f"(block_table's {block_table.shape[1]} pages of {page} tokens)")
     # tokens one iteration of the CTA covers (and, on tensor cores, whole pages): the
     # chunk must be a multiple of them; CTAs an SM holds, from the shared memory
+    if kv_heads_per_cta < 1 or hkv % kv_heads_per_cta:
+        raise KernelsError(f"kv_heads_per_cta {kv_heads_per_cta} must divide the {hkv} KV "
+                           f"heads")
     if mma:
-        step, per_sm = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)
+        step, per_sm = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False,
+                                       kv_heads=kv_heads_per_cta)
     else:
         step, per_sm = (threads // 32) * (256 // d) * unroll, 2
-    c = chunk or attention_chunk(b, hkv, max_len, step=step, ctas_per_sm=per_sm)
+    c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
+                                 ctas_per_sm=per_sm)
     splits = -(-max_len // c)
     direct = splits == 1
     merged = merge and mma and not direct
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
-                                 pipe=pipe, mma=mma, stages=stages, merge=merged)
+                                 pipe=pipe, mma=mma, stages=stages, merge=merged,
+                                 kv_heads=kv_heads_per_cta)
     # the combine's spec before any launch: a shape it refuses fails with nothing written
     combine = None if direct or merged else attention_combine_spec(d, c, pdl=pdl)
     o = _out(out, "out", _BF16, (b, hq, d), q)

@@ -197,6 +197,10 @@ ATTN_TILES = ((128, 4, False), (128, 8, False), (256, 4, False), (128, 4, True),
 #: the one the fused layer uses with ``MoELayer.attention_mma``.
 ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2), (256, 3), (128, 6))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
+#: (threads, stages) tiles of the tensor-core attention whose CTA reads every KV head of
+#: its chunk (:data:`ATTN_ALL_HEADS` of them: whole pages), tried on the bench's shape
+ATTN_HEADS_TILES = ((128, 3), (256, 2), (256, 3), (128, 6))
+ATTN_ALL_HEADS = 4
 
 
 #: MLA attention as in DeepSeek-V3 / Kimi at 16 heads a GPU: (key = latent 512 + rope 64,
@@ -255,6 +259,16 @@ def attention_variants() -> list[KernelSpec]:
                             out.append(decode_attention_spec(d, g, p, c, direct=False,
                                                              threads=threads, mma=True,
                                                              stages=stages, merge=True))
+                for threads, stages in ATTN_HEADS_TILES if i == 0 else ():
+                    if c % (16 * (threads // 32 // ATTN_ALL_HEADS)) == 0:
+                        for merge in (False,) if direct else (False, True):
+                            out.append(decode_attention_spec(
+                                d, g, p, c, direct=direct, threads=threads, mma=True,
+                                stages=stages, merge=merge, kv_heads=ATTN_ALL_HEADS))
+                        if (threads, stages) == ATTN_HEADS_TILES[0]:  # the tests' own key
+                            out.append(decode_attention_spec(
+                                d, g, p, c, direct=direct, threads=threads, mma=True,
+                                stages=stages, fresh=True, kv_heads=ATTN_ALL_HEADS))
                 if i == 0 and c % (16 * (ATTN_MMA_LAYER[0] // 32)) == 0:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True,
                                                      mma=True, threads=ATTN_MMA_LAYER[0],

@@ -232,7 +232,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           pipe: bool = False, mma: bool = False,
                           stages: int = 3, value_dim: int = 0,
                           latent: bool = False, merge: bool = False,
-                          shared: bool = False) -> KernelSpec:
+                          shared: bool = False, kv_heads: int = 1) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -247,7 +247,9 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     ``value_dim`` columns. ``merge`` (tensor cores, split contexts only): the last CTA of
     each (sequence, KV head) merges the chunks, so no combine kernel follows. ``shared``
     (with ``latent``): one CTA of ``value_dim / 128`` warps per chunk shares each tile
-    (:class:`DecodeAttentionMla`; ``threads`` follows)."""
+    (:class:`DecodeAttentionMla`; ``threads`` follows). ``kv_heads`` (tensor cores, GQA):
+    KV heads per CTA, its warps dealt out over them, so a CTA reads whole pages (vLLM's
+    pages interleave the heads) and ``kv_heads`` times fewer CTAs cover a chunk."""
     if shared:
         return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
                                 pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
@@ -255,7 +257,10 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     if mma or latent:
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
-                                   value_dim=value_dim, latent=latent, merge=merge)
+                                   value_dim=value_dim, latent=latent, merge=merge,
+                                   kv_heads=kv_heads)
+    if kv_heads != 1:
+        raise KernelsError("kv_heads (several KV heads per CTA) needs mma")
     if merge:
         raise KernelsError("merge (the last CTA merges the chunks) needs mma")
     if head_dim not in ATTN_HEAD_DIMS:
@@ -300,7 +305,8 @@ def mla_shared_smem(head_dim: int, value_dim: int, page: int, chunk: int, stages
 
 
 def mma_chunk_rules(head_dim: int, group: int, page: int, threads: int, stages: int,
-                    value_dim: int, latent: bool, shared: bool = False) -> tuple[int, int]:
+                    value_dim: int, latent: bool, shared: bool = False,
+                    kv_heads: int = 1) -> tuple[int, int]:
     """``(step, ctas_per_sm)`` for :func:`attention_chunk` on the tensor-core kernels
     (``shared``: the MLA one whose CTA shares each tile): a chunk of whole iterations and
     whole pages, and the CTAs its shared memory lets an SM hold (at most the 2 the choice
@@ -311,14 +317,14 @@ def mma_chunk_rules(head_dim: int, group: int, page: int, threads: int, stages: 
     else:
         smem = mma_attention_smem(head_dim, group, page, 512, threads // 32, stages,
                                   value_dim, latent)
-        tokens = 16 * (threads // 32)
+        tokens = 16 * (threads // 32 // kv_heads)
     return math.lcm(tokens, page), max(1, min(2, SMEM_PER_CTA // smem))
 
 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False,
-                        merge: bool = False) -> KernelSpec:
+                        merge: bool = False, kv_heads: int = 1) -> KernelSpec:
     if merge and direct:
         raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
@@ -352,10 +358,15 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         raise KernelsError(f"threads must be a multiple of 32 up to 512, got {threads}")
     if not 2 <= stages <= 6:
         raise KernelsError(f"stages must be 2..6, got {stages}")
-    step = (threads // 32) * 16
+    if kv_heads < 1 or (threads // 32) % kv_heads:
+        raise KernelsError(f"kv_heads {kv_heads} must divide the CTA's {threads // 32} warps")
+    if latent and kv_heads != 1:
+        raise KernelsError("MLA has one KV head: kv_heads must be 1")
+    step = (threads // 32 // kv_heads) * 16
     if chunk % step:
         raise KernelsError(f"chunk {chunk} must be a multiple of the {step} tokens "
-                           f"{threads // 32} warps take per iteration")
+                           f"{threads // 32} warps over {kv_heads} KV head(s) take per "
+                           f"iteration")
     smem = mma_attention_smem(head_dim, group, page, chunk, threads // 32, stages,
                               value_dim or head_dim, latent)
     if smem > SMEM_PER_CTA:
@@ -371,6 +382,8 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         items["latent"] = True
     if merge:
         items["merge"] = True
+    if kv_heads > 1:  # joins the key only when on
+        items["kh"] = kv_heads
     return _spec("decode_attn", pdl, **items)
 
 

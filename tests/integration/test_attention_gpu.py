@@ -113,10 +113,27 @@ def test_tensor_core_tiles_give_the_same_answer(chunk: int, threads: int, stages
         assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
-@pytest.mark.parametrize("mma", [False, True])
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize(("chunk", "threads", "stages"),
+                         [(64, 128, 3), (256, 256, 2), (1024, 256, 3), (512, 128, 6)])
+def test_a_cta_reading_every_kv_head_gives_the_same_answer(chunk: int, threads: int,
+                                                           stages: int, merge: bool) -> None:
+    # kv_heads_per_cta: warp w takes KV head w % 4 of the CTA's chunk; the chunks meet
+    # per head in shared memory, and (merge) the last CTA merges all 16 query heads
+    q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=17)
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    for _ in range(2 if merge else 1):
+        out = torch.full_like(q, float("nan"))
+        ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
+                             stages=stages, mma=True, merge=merge, out=out,
+                             kv_heads_per_cta=4)
+        assert ref.rel_err(out, want) < ref.BF16_TOL
+
+
+@pytest.mark.parametrize(("mma", "kv_heads"), [(False, 1), (True, 1), (True, 4)])
 @pytest.mark.parametrize("lens", [[4096, 1, 777], [40]])
-def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int],
-                                                               mma: bool) -> None:
+def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int], mma: bool,
+                                                               kv_heads: int) -> None:
     # q, k_new, v_new are column slices of one projection output, as in the layer.
     _, k, v, table, seq = paged_case(lens, 16, 4, seed=7)
     b = len(lens)
@@ -126,7 +143,8 @@ def test_the_steps_own_key_and_value_come_from_the_projection(lens: list[int],
     vn = qkv[:, 2560:].view(b, 4, 128)
     k_before, v_before = k.clone(), v.clone()
     out = ops.decode_attention(qv, k, v, table, seq, max_len=max(lens), k_new=kn, v_new=vn,
-                               mma=mma)
+                               mma=mma, kv_heads_per_cta=kv_heads,
+                               **({"threads": 128, "stages": 3} if kv_heads > 1 else {}))
     for i, n in enumerate(lens):  # what the kernel must have appended
         page, slot = int(table[i, (n - 1) // 16]), (n - 1) % 16
         k_before[page, slot], v_before[page, slot] = kn[i], vn[i]

@@ -9,7 +9,12 @@ import sys
 import pytest
 
 from agentload.kernels import KernelsError, LayerConfig, bench_specs
-from agentload.kernels.presets import ATTN_MMA_TILES, gemv_variants
+from agentload.kernels.presets import (
+    ATTN_ALL_HEADS,
+    ATTN_HEADS_TILES,
+    ATTN_MMA_TILES,
+    gemv_variants,
+)
 from agentload.kernels.specs import (
     add_rmsnorm_spec,
     attention_chunk,
@@ -19,6 +24,7 @@ from agentload.kernels.specs import (
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
+    mma_chunk_rules,
     router_spec,
     silu_mul_spec,
 )
@@ -203,6 +209,22 @@ def test_tensor_core_attention_shape_rules() -> None:
     assert decode_attention_spec(128, 4, 128, 256, direct=False, mma=True).get("p") == 128
     # a 192-wide head splits too: the combine takes its rows
     assert attention_combine_spec(192, 512).get("d") == 192
+    # every KV head of a chunk in one CTA: 8 warps over 4 heads = 2 tiles an iteration
+    heads = decode_attention_spec(128, 4, 16, 32, direct=False, mma=True, threads=256,
+                                  stages=2, kv_heads=4)
+    assert heads.key() == "decodeattn-d128-g4-p16-c32-t256-mma1-st2-direct0-kh4"
+    with pytest.raises(KernelsError, match="multiple of the 32 tokens"):
+        decode_attention_spec(128, 4, 16, 16, direct=False, mma=True, threads=256,
+                              kv_heads=4)
+    with pytest.raises(KernelsError, match="must divide the CTA's 4 warps"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, kv_heads=3)
+    with pytest.raises(KernelsError, match="needs mma"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, kv_heads=4)
+    with pytest.raises(KernelsError, match="one KV head"):
+        decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, threads=64,
+                              value_dim=512, latent=True, kv_heads=2)
+    # its chunk rule: 16 tokens an iteration per warp of each head
+    assert mma_chunk_rules(128, 4, 16, 256, 2, 128, False, kv_heads=4)[0] == 32
 
 
 def test_mla_attention_shape_rules() -> None:
@@ -260,6 +282,11 @@ def test_every_attention_variant_is_compiled_ahead_of_time() -> None:
                     assert decode_attention_spec(128, 4, 16, c, direct=False, mma=True,
                                                  threads=threads, stages=stages,
                                                  merge=merge).key() in keys
+        for threads, stages in ATTN_HEADS_TILES:  # a CTA reading every KV head
+            for merge in (False, True):
+                assert decode_attention_spec(128, 4, 16, c, direct=False, mma=True,
+                                             threads=threads, stages=stages, merge=merge,
+                                             kv_heads=ATTN_ALL_HEADS).key() in keys
     # the fused layer's attention on tensor cores, at every batch and context it runs
     cfg = LayerConfig()
     for b in (1, 8, 64):
