@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call: set up AOT kernels + tvm-ffi, record the card, then run what $1 names.
-# Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test attn layers bench" [bench args]
+# Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test attn layers probe bench" [bench args]
 # (attn: bench --attention-only $BENCH_ARGS; layers: bench --layers-only --no-compile $LAYER_ARGS
-#  + traces + profile diff; e.g. BENCH_ARGS="--batches 1 --contexts 32768")
-# Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so.
+#  + traces + profile diff; e.g. BENCH_ARGS="--batches 1 --contexts 32768";
+#  probe: kernels/tools/attn_probe.py, batch-1 attention over four KV layouts)
+# Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so or
+# kc.tar.xz (tar -cJf .devcarry/kc.tar.xz -C KERNEL_CACHE/sm_90a .).
 set -u
 export PYTHONUNBUFFERED=1
 R=$PWD
@@ -11,7 +13,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$R"/.devcarry/apache_tvm_ffi-*.whl || exit 3
 mkdir -p /tmp/kc/sm_90a /tmp/pkg/agentload
-cp "$R"/.devcarry/kc/*.so /tmp/kc/sm_90a/
+if [ -f "$R"/.devcarry/kc.tar.xz ]; then  # the kernels packed (they compress ~5x)
+  python3 -c "import tarfile; tarfile.open('$R/.devcarry/kc.tar.xz').extractall('/tmp/kc/sm_90a')" || exit 4
+else cp "$R"/.devcarry/kc/*.so /tmp/kc/sm_90a/; fi
 python3 -c "import lzma,shutil; shutil.copyfileobj(lzma.open('$R/.devcarry/libcute_dsl_runtime.so.xz'), open('/tmp/kc/sm_90a/libcute_dsl_runtime.so','wb'))" || exit 4
 for f in "$R"/agentload/*.py; do ln -sf "$f" /tmp/pkg/agentload/; done
 for r in traces replay profiler kernels tui; do ln -sfn "$R/$r" /tmp/pkg/agentload/$r; done
@@ -43,6 +47,9 @@ case " $steps " in *" layers "*)
     else echo "profile diff b$b: no staged bundle here (polars); run it on traces.tar.gz"; fi
   done
   tar -czf "$OUT/traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces" ;; esac
+case " $steps " in *" probe "*)
+  timeout "${PROBE_LIMIT:-120}" python3 -m agentload.kernels.tools.attn_probe ${PROBE_ARGS:-} 2>&1 \
+    | tee "$OUT/probe.log" ;; esac
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
     --trace-dir "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^  skip" ;; esac
