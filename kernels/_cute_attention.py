@@ -430,10 +430,14 @@ class DecodeAttentionMma:
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
                  value_dim: int = 0, latent: bool = False, merge: bool = False,
-                 kv_heads: int = 1) -> None:
+                 kv_heads: int = 1, lines: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         self.HC = kv_heads  # KV heads per CTA: warp w takes head w % HC of the CTA's
         self.WH = warps // kv_heads  # warps per KV head
+        # lines: a tile's keys copied in whole 128-byte lines (row-major in the stage,
+        # 16-byte chunks swizzled), read back by the MMA's lanes after a warp barrier
+        self.KL = lines
+        self.CPT = head_dim // V  # 16-byte chunks per key row
         self.DV = value_dim or head_dim
         self.DVS = 128 if latent else self.DV  # value columns per CTA
         self.NSL = self.DV // self.DVS  # CTAs per (chunk, KV head)
@@ -477,11 +481,21 @@ class DecodeAttentionMma:
             page = s_bt[(16 * k) // self.P]
             slot0 = (16 * k) % self.P
             last = stop - 1 - base  # the tile's last valid token
-            for r in cutlass.range_constexpr(2):
-                off = slot0 + cutlass.min(8 * r + g, last)
-                for c in cutlass.range_constexpr(self.NC):
-                    cute.copy(cp, _cache_vec(mK, page, off, kvh, c * 4 + t),
-                              s_kv[warp, stage, r * self.NC + c, lane, None])
+            if cutlass.const_expr(self.KL):
+                # consecutive lanes on consecutive chunks of a row: whole lines per copy
+                for m in cutlass.range_constexpr(self.NK):
+                    e = m * 32 + lane
+                    tok = e // self.CPT
+                    ch = e - tok * self.CPT
+                    es = self.k_slot(tok, ch)
+                    cute.copy(cp, _cache_vec(mK, page, slot0 + cutlass.min(tok, last), kvh, ch),
+                              s_kv[warp, stage, es // 32, es % 32, None])
+            else:
+                for r in cutlass.range_constexpr(2):
+                    off = slot0 + cutlass.min(8 * r + g, last)
+                    for c in cutlass.range_constexpr(self.NC):
+                        cute.copy(cp, _cache_vec(mK, page, off, kvh, c * 4 + t),
+                                  s_kv[warp, stage, r * self.NC + c, lane, None])
             for q in cutlass.range_constexpr(4):
                 off = slot0 + cutlass.min((q // 2) * 8 + 2 * t + q % 2, last)
                 for blk in cutlass.range_constexpr(self.NB):
@@ -490,6 +504,12 @@ class DecodeAttentionMma:
                     col = sl * (self.DVS // V) + blk * 8 + g
                     cute.copy(cp, _cache_vec(src, page, off, kvh, col),
                               s_kv[warp, stage, self.NK + q * self.NB + blk, lane, None])
+
+    def k_slot(self, tok, ch):
+        """Where chunk ``ch`` of key row ``tok`` sits in a stage with ``lines``, in 16-byte
+        vectors: row-major, the chunk's bit 2 flipped on odd rows, so the MMA's reads
+        (rows g and g + 1, four chunks each, per 8 lanes) fall in distinct banks."""
+        return tok * self.CPT + (ch ^ ((tok & 1) << 2))
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBT: cute.Tensor,
@@ -541,12 +561,13 @@ class DecodeAttentionMma:
             cute.arch.griddepcontrol_wait()
         seq_len = mLen[b]
         t0 = split * self.C
+        # the length, Q and the page ids in flight together: the ids are read up to the
+        # chunk's end or the table's, whatever the length
+        q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
+        for i in cutlass.range(tidx, cutlass.min(self.C // P, mBT.shape[1] - t0 // P), self.T):
+            s_bt[i] = mBT[b, t0 // P + i]
         if t0 < seq_len:
             stop = cutlass.min(seq_len, t0 + self.C)
-            # Q's loads first: in flight while the page ids come (both before any KV byte)
-            q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
-            for i in cutlass.range(tidx, (stop - t0 + P - 1) // P, self.T):
-                s_bt[i] = mBT[b, t0 // P + i]
             if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
                 # The step's own key and value go to the cache first; the barrier below
                 # makes them visible to this CTA's cp.async reads (through L2).
@@ -584,6 +605,10 @@ class DecodeAttentionMma:
             for it in cutlass.range((stop - t0 + 16 * WH - 1) // (16 * WH)):
                 k = it * WH + wt
                 cute.arch.cp_async_wait_group(S - 2)
+                if cutlass.const_expr(self.KL):
+                    # other lanes' copies of this tile landed; every lane is done reading
+                    # the stage the issue below overwrites
+                    cute.arch.sync_warp()
                 # the tile S - 1 ahead, into the stage read in the previous iteration
                 self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * WH,
                            (it + S - 1) % S, warp, lane)
@@ -663,7 +688,12 @@ class DecodeAttentionMma:
                 lo = q_lo[c]
                 hi = q_hi[c]
             for r in cutlass.range_constexpr(2):
-                kv = vec(r * NC + c)
+                if cutlass.const_expr(self.KL):
+                    kv = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                    es = self.k_slot(8 * r + g, c * 4 + t)
+                    cute.copy(ld_s, s_kv[warp, stage, es // 32, es % 32, None], kv)
+                else:
+                    kv = vec(r * NC + c)
                 for s in cutlass.range_constexpr(2):
                     _mma_k16(atom, acc_s[r], lo, hi, kv, s)
         pa = _online_softmax(acc_s, acc_o, run_max, run_sum, base, stop, qscale, t, self.HI)
@@ -701,7 +731,7 @@ class DecodeAttentionMma:
             tops.fill(NEG_INIT)
             dens.fill(0.0)
             nums.fill(0.0)
-            for s in cutlass.range(splits, unroll=max(1, 8 // NE)):
+            for s in cutlass.range(splits, unroll=max(1, 16 // NE)):
                 for e in cutlass.range_constexpr(NE):
                     idx = cutlass.min(e * self.T + tidx, GH * DV - 1)  # spare lanes: repeat
                     hh = idx // DV

@@ -527,30 +527,31 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA): CUDA-core tiles,
-    # tensor-core ones, those whose last CTA merges the chunks (split contexts only), and
-    # those whose CTA reads every KV head of its chunk (whole pages)
-    tiles = [(c, t, u, p, False, 3, False, 1)
+    # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA, key lines):
+    # CUDA-core tiles, tensor-core ones, those whose last CTA merges the chunks (split
+    # contexts only), those whose CTA reads every KV head of its chunk (whole pages), and
+    # those copying keys in whole lines
+    tiles = [(c, t, u, p, False, 3, False, 1, False)
              for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
     for kh, mma_tiles in ((1, ATTN_MMA_TILES), (ATTN_ALL_HEADS, ATTN_HEADS_TILES)):
-        tiles += [(c, t, 4, False, True, st, mg, kh)
-                  for c, (t, st), mg in itertools.product(ATTN_CHUNKS, mma_tiles,
-                                                          (False, True))
+        tiles += [(c, t, 4, False, True, st, mg, kh, kl)
+                  for c, (t, st), mg, kl in itertools.product(ATTN_CHUNKS, mma_tiles,
+                                                              (False, True), (False, True))
                   if c % (16 * (t // 32 // kh)) == 0 and not (mg and c >= ctx)]
     tiles = [tl for tl in tiles if tl[0] == auto
              or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
 
     def tag(tl: tuple[Any, ...]) -> str:
-        c, threads, unroll, pipe, mma, stages, merge, kh = tl
+        c, threads, unroll, pipe, mma, stages, merge, kh, kl = tl
         return (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "")
-                + (f" {kh} heads a CTA" if kh > 1 else "") if mma
+                + (f" {kh} heads a CTA" if kh > 1 else "") + (" lines" if kl else "") if mma
                 else f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
 
     def ours(i: int, tl: tuple[Any, ...]) -> Any:
         return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
                                     out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
                                     pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6],
-                                    kv_heads_per_cta=tl[7])
+                                    kv_heads_per_cta=tl[7], lines=tl[8])
 
     best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
                       tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)
@@ -712,7 +713,7 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             # the fused path's options, each checked and timed; the fastest is the row's
             tried = {"default": fus_g}
             base_knobs = {"attention_mma": False, "attention_merge": False,
-                          "expert_pass_tiles": 0}
+                          "attention_lines": False, "expert_pass_tiles": 0}
             best_knobs = dict(base_knobs)
             for knobs in layer_knobs(b):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
@@ -761,14 +762,16 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
 def layer_knobs(batch: int) -> list[dict[str, Any]]:
     """The fused layer's options the benchmark tries beside its defaults: attention on
     tensor cores (its last CTA merging a split context, or a combine kernel after it),
-    and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles."""
+    and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles; on tensor cores
+    also the keys copied in whole lines."""
     passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
     out: list[dict[str, Any]] = []
-    for mma, merge in ((False, False), (True, False), (True, True)):
+    for mma, merge, lines in ((False, False, False), (True, False, False),
+                              (True, True, False), (True, False, True), (True, True, True)):
         for pt in passes:
             if mma or pt:
                 out.append({"attention_mma": mma, "attention_merge": merge,
-                            "expert_pass_tiles": pt})
+                            "attention_lines": lines, "expert_pass_tiles": pt})
     return out
 
 

@@ -117,6 +117,8 @@ class MoELayer:
         self.attention_mma = False
         #: with attention_mma: its last CTA merges a split context (no combine launch)
         self.attention_merge = False
+        #: with attention_mma: keys copied in whole 128-byte lines (ops.decode_attention)
+        self.attention_lines = False
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -166,7 +168,8 @@ class MoELayer:
         out = ops.decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens,
                                    max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl,
                                    mma=self.attention_mma, threads=threads, stages=stages,
-                                   merge=self.attention_merge)
+                                   merge=self.attention_merge,
+                                   lines=self.attention_mma and self.attention_lines)
         return out.view(qkv.shape[0], cfg.heads * cfg.head_dim)
 
     def fused(self, x_slots: torch.Tensor, residual: torch.Tensor,

@@ -309,7 +309,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out: torch.Tensor | None = None, pdl: bool = False,
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
                      mma: bool = False, stages: int = 3, merge: bool = False,
-                     kv_heads_per_cta: int = 1) -> torch.Tensor:
+                     kv_heads_per_cta: int = 1, lines: bool = False) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -328,6 +328,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     with ``merge`` its last CTA per (sequence, KV head) merges the chunks, so a split
     context is one kernel too. ``kv_heads_per_cta`` (with ``mma``): each CTA reads that
     many KV heads of its chunk (whole pages of the cache, its warps dealt out over them).
+    ``lines`` (with ``mma``): keys copied in whole 128-byte lines, read back after a warp
+    barrier.
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -364,7 +366,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
                                  pipe=pipe, mma=mma, stages=stages, merge=merged,
-                                 kv_heads=kv_heads_per_cta)
+                                 kv_heads=kv_heads_per_cta, lines=lines)
     # the combine's spec before any launch: a shape it refuses fails with nothing written
     combine = None if direct or merged else attention_combine_spec(d, c, pdl=pdl)
     o = _out(out, "out", _BF16, (b, hq, d), q)

@@ -6,6 +6,7 @@ a GPU machine without the CuTe DSL compiler can run ``agentload bench kernels``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from agentload.kernels.specs import (
@@ -105,13 +106,19 @@ class LayerConfig:
                 self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl, fresh=True,
                 mma=mma, threads=ATTN_MMA_LAYER[0] if mma else 128,
                 stages=ATTN_MMA_LAYER[1]))
+            if mma:  # keys copied in whole lines
+                out.append(decode_attention_spec(
+                    self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl,
+                    fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
+                    stages=ATTN_MMA_LAYER[1], lines=True))
             if not direct:
                 out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
-                if mma:  # its last CTA merging the chunks instead
-                    out.append(decode_attention_spec(
-                        self.head_dim, self.group, self.page, c, direct=False, pdl=pdl,
-                        fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
-                        stages=ATTN_MMA_LAYER[1], merge=True))
+                if mma:  # its last CTA merging the chunks instead (keys in lines or not)
+                    for lines in (False, True):
+                        out.append(decode_attention_spec(
+                            self.head_dim, self.group, self.page, c, direct=False, pdl=pdl,
+                            fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
+                            stages=ATTN_MMA_LAYER[1], merge=True, lines=lines))
         return out
 
     def specs(self, batch: int) -> list[KernelSpec]:
@@ -226,7 +233,8 @@ def mla_variants() -> list[KernelSpec]:
                             dk, heads, page, c, direct=direct, threads=threads,
                             stages=stages, mma=True, value_dim=dv, latent=True))
         for heads in (h, *MLA_OTHER_HEADS):  # one CTA per chunk sharing each tile
-            for stages in MLA_SHARED_STAGES if heads == h else MLA_SHARED_STAGES[-1:]:
+            # other head counts: the tests call decode_attention_mla's default 3 stages
+            for stages in MLA_SHARED_STAGES if heads == h else (3,):
                 for direct in (False, True):
                     out.append(decode_attention_spec(
                         dk, heads, page, c, direct=direct, stages=stages, mma=True,
@@ -259,12 +267,19 @@ def attention_variants() -> list[KernelSpec]:
                             out.append(decode_attention_spec(d, g, p, c, direct=False,
                                                              threads=threads, mma=True,
                                                              stages=stages, merge=True))
+                        if i == 0:  # keys copied in whole lines
+                            for merge in (False,) if direct else (False, True):
+                                out.append(decode_attention_spec(
+                                    d, g, p, c, direct=direct, threads=threads, mma=True,
+                                    stages=stages, merge=merge, lines=True))
                 for threads, stages in ATTN_HEADS_TILES if i == 0 else ():
                     if c % (16 * (threads // 32 // ATTN_ALL_HEADS)) == 0:
-                        for merge in (False,) if direct else (False, True):
+                        for merge, lines in itertools.product(
+                                (False,) if direct else (False, True), (False, True)):
                             out.append(decode_attention_spec(
                                 d, g, p, c, direct=direct, threads=threads, mma=True,
-                                stages=stages, merge=merge, kv_heads=ATTN_ALL_HEADS))
+                                stages=stages, merge=merge, kv_heads=ATTN_ALL_HEADS,
+                                lines=lines))
                         if (threads, stages) == ATTN_HEADS_TILES[0]:  # the tests' own key
                             out.append(decode_attention_spec(
                                 d, g, p, c, direct=direct, threads=threads, mma=True,

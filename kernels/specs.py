@@ -232,7 +232,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           pipe: bool = False, mma: bool = False,
                           stages: int = 3, value_dim: int = 0,
                           latent: bool = False, merge: bool = False,
-                          shared: bool = False, kv_heads: int = 1) -> KernelSpec:
+                          shared: bool = False, kv_heads: int = 1,
+                          lines: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -249,7 +250,10 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     (with ``latent``): one CTA of ``value_dim / 128`` warps per chunk shares each tile
     (:class:`DecodeAttentionMla`; ``threads`` follows). ``kv_heads`` (tensor cores, GQA):
     KV heads per CTA, its warps dealt out over them, so a CTA reads whole pages (vLLM's
-    pages interleave the heads) and ``kv_heads`` times fewer CTAs cover a chunk."""
+    pages interleave the heads) and ``kv_heads`` times fewer CTAs cover a chunk. ``lines``
+    (tensor cores): a tile's keys are copied in whole 128-byte lines and the MMA's lanes
+    read them back after a warp barrier (else each lane copies the 64-byte pieces its
+    fragment needs)."""
     if shared:
         return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
                                 pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
@@ -258,7 +262,9 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
                                    value_dim=value_dim, latent=latent, merge=merge,
-                                   kv_heads=kv_heads)
+                                   kv_heads=kv_heads, lines=lines)
+    if lines:
+        raise KernelsError("lines (keys copied in whole lines) needs mma")
     if kv_heads != 1:
         raise KernelsError("kv_heads (several KV heads per CTA) needs mma")
     if merge:
@@ -324,7 +330,8 @@ def mma_chunk_rules(head_dim: int, group: int, page: int, threads: int, stages: 
 def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, direct: bool,
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False,
-                        merge: bool = False, kv_heads: int = 1) -> KernelSpec:
+                        merge: bool = False, kv_heads: int = 1,
+                        lines: bool = False) -> KernelSpec:
     if merge and direct:
         raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
@@ -384,6 +391,8 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         items["merge"] = True
     if kv_heads > 1:  # joins the key only when on
         items["kh"] = kv_heads
+    if lines:
+        items["kl"] = True
     return _spec("decode_attn", pdl, **items)
 
 
