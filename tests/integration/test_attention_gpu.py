@@ -94,30 +94,34 @@ def test_tensor_core_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) 
     assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("lines", [False, True])
 @pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize(("chunk", "threads", "stages"),
                          [(64, 128, 3), (512, 128, 2), (256, 64, 4), (2048, 256, 2),
                           (1024, 256, 3), (512, 128, 6)])
 def test_tensor_core_tiles_give_the_same_answer(chunk: int, threads: int, stages: int,
-                                                merge: bool) -> None:
+                                                merge: bool, lines: bool) -> None:
     # ragged lengths end mid-tile and mid-page; one sequence is a single token; a chunk
     # of more tiles than a warp has stages wraps the ring of shared-memory slots; with
     # merge the last CTA of each (sequence, KV head) merges the chunks, twice in a row
-    # (the counters must be re-armed)
+    # (the counters must be re-armed); with lines the keys travel in whole lines and are
+    # read back by other lanes
     q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=13)
     want = ref.paged_decode_attention(q, k, v, table, seq)
     for _ in range(2 if merge else 1):
         out = torch.full_like(q, float("nan"))
         ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
-                             stages=stages, mma=True, merge=merge, out=out)
+                             stages=stages, mma=True, merge=merge, out=out, lines=lines)
         assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("lines", [False, True])
 @pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize(("chunk", "threads", "stages"),
                          [(64, 128, 3), (256, 256, 2), (1024, 256, 3), (512, 128, 6)])
 def test_a_cta_reading_every_kv_head_gives_the_same_answer(chunk: int, threads: int,
-                                                           stages: int, merge: bool) -> None:
+                                                           stages: int, merge: bool,
+                                                           lines: bool) -> None:
     # kv_heads_per_cta: warp w takes KV head w % 4 of the CTA's chunk; the chunks meet
     # per head in shared memory, and (merge) the last CTA merges all 16 query heads
     q, k, v, table, seq = paged_case([5000, 1234, 1, 700], 16, 4, seed=17)
@@ -126,7 +130,7 @@ def test_a_cta_reading_every_kv_head_gives_the_same_answer(chunk: int, threads: 
         out = torch.full_like(q, float("nan"))
         ops.decode_attention(q, k, v, table, seq, max_len=5000, chunk=chunk, threads=threads,
                              stages=stages, mma=True, merge=merge, out=out,
-                             kv_heads_per_cta=4)
+                             kv_heads_per_cta=4, lines=lines)
         assert ref.rel_err(out, want) < ref.BF16_TOL
 
 

@@ -223,6 +223,11 @@ def test_tensor_core_attention_shape_rules() -> None:
     with pytest.raises(KernelsError, match="one KV head"):
         decode_attention_spec(576, 16, 16, 512, direct=False, mma=True, threads=64,
                               value_dim=512, latent=True, kv_heads=2)
+    # keys copied in whole lines: tensor cores only
+    lines = decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, lines=True)
+    assert lines.key() == "decodeattn-d128-g4-p16-c512-t128-mma1-st3-direct0-kl1"
+    with pytest.raises(KernelsError, match=r"lines .* needs mma"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, lines=True)
     # its chunk rule: 16 tokens an iteration per warp of each head
     assert mma_chunk_rules(128, 4, 16, 256, 2, 128, False, kv_heads=4)[0] == 32
 
