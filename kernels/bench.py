@@ -35,6 +35,7 @@ from agentload.kernels import ceilings as ceil_mod
 from agentload.kernels import ops, reference
 from agentload.kernels.layer import KVState, MoELayer
 from agentload.kernels.presets import (
+    ATTN_MMA_LAYER,
     BATCHES,
     CONTEXTS,
     GEMV_ROWS,
@@ -713,7 +714,8 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             # the fused path's options, each checked and timed; the fastest is the row's
             tried = {"default": fus_g}
             base_knobs = {"attention_mma": False, "attention_merge": False,
-                          "attention_lines": False, "expert_pass_tiles": 0}
+                          "attention_lines": False, "attention_stages": ATTN_MMA_LAYER[1],
+                          "expert_pass_tiles": 0}
             best_knobs = dict(base_knobs)
             for knobs in layer_knobs(b):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
@@ -763,15 +765,19 @@ def layer_knobs(batch: int) -> list[dict[str, Any]]:
     """The fused layer's options the benchmark tries beside its defaults: attention on
     tensor cores (its last CTA merging a split context, or a combine kernel after it),
     and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles; on tensor cores
-    also the keys copied in whole lines."""
+    also the keys copied in whole lines and the tile's other stage count."""
+    from agentload.kernels.presets import ATTN_LAYER_STAGES
+
     passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
+    attention = [(False, False, False, ATTN_MMA_LAYER[1])]
+    attention += list(itertools.product((True,), (False, True), (False, True),
+                                        ATTN_LAYER_STAGES))
     out: list[dict[str, Any]] = []
-    for mma, merge, lines in ((False, False, False), (True, False, False),
-                              (True, True, False), (True, False, True), (True, True, True)):
-        for pt in passes:
-            if mma or pt:
-                out.append({"attention_mma": mma, "attention_merge": merge,
-                            "attention_lines": lines, "expert_pass_tiles": pt})
+    for (mma, merge, lines, stages), pt in itertools.product(attention, passes):
+        if mma or pt:
+            out.append({"attention_mma": mma, "attention_merge": merge,
+                        "attention_lines": lines, "attention_stages": stages,
+                        "expert_pass_tiles": pt})
     return out
 
 

@@ -119,6 +119,8 @@ class MoELayer:
         self.attention_merge = False
         #: with attention_mma: keys copied in whole 128-byte lines (ops.decode_attention)
         self.attention_lines = False
+        #: with attention_mma: stages of its tile (one of presets.ATTN_LAYER_STAGES)
+        self.attention_stages = ATTN_MMA_LAYER[1]
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -164,7 +166,8 @@ class MoELayer:
     def _attention(self, qkv: torch.Tensor, kv: KVState, pdl: bool) -> torch.Tensor:
         cfg = self.cfg
         q, kn, vn = split_qkv(cfg, qkv)
-        threads, stages = ATTN_MMA_LAYER if self.attention_mma else (128, 3)
+        threads, stages = ((ATTN_MMA_LAYER[0], self.attention_stages) if self.attention_mma
+                           else (128, 3))
         out = ops.decode_attention(q, kv.k_cache, kv.v_cache, kv.block_table, kv.seq_lens,
                                    max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl,
                                    mma=self.attention_mma, threads=threads, stages=stages,

@@ -96,29 +96,25 @@ class LayerConfig:
         and the tensor-core one (its combine, or its own last CTA merging, when the
         context is split)."""
         out = []
-        for mma in (False, True):  # the CUDA-core kernel, and the tensor-core one
-            step, per_sm = (mma_chunk_rules(self.head_dim, self.group, self.page,
-                                            *ATTN_MMA_LAYER, self.head_dim, False)
+        # the CUDA-core kernel, and the tensor-core one at each of its stage counts
+        for mma, stages in ((False, 3), *((True, s) for s in ATTN_LAYER_STAGES)):
+            threads = ATTN_MMA_LAYER[0] if mma else 128
+            step, per_sm = (mma_chunk_rules(self.head_dim, self.group, self.page, threads,
+                                            stages, self.head_dim, False)
                             if mma else (32, 2))
             c = attention_chunk(batch, self.kv_heads, context, step=step, ctas_per_sm=per_sm)
             direct = context <= c
-            out.append(decode_attention_spec(
-                self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl, fresh=True,
-                mma=mma, threads=ATTN_MMA_LAYER[0] if mma else 128,
-                stages=ATTN_MMA_LAYER[1]))
-            if mma:  # keys copied in whole lines
+            for lines in (False, True) if mma else (False,):  # keys in whole lines or not
                 out.append(decode_attention_spec(
                     self.head_dim, self.group, self.page, c, direct=direct, pdl=pdl,
-                    fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
-                    stages=ATTN_MMA_LAYER[1], lines=True))
+                    fresh=True, mma=mma, threads=threads, stages=stages, lines=lines))
+                if mma and not direct:  # its last CTA merging the chunks instead
+                    out.append(decode_attention_spec(
+                        self.head_dim, self.group, self.page, c, direct=False, pdl=pdl,
+                        fresh=True, mma=True, threads=threads, stages=stages, merge=True,
+                        lines=lines))
             if not direct:
                 out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
-                if mma:  # its last CTA merging the chunks instead (keys in lines or not)
-                    for lines in (False, True):
-                        out.append(decode_attention_spec(
-                            self.head_dim, self.group, self.page, c, direct=False, pdl=pdl,
-                            fresh=True, mma=True, threads=ATTN_MMA_LAYER[0],
-                            stages=ATTN_MMA_LAYER[1], merge=True, lines=lines))
         return out
 
     def specs(self, batch: int) -> list[KernelSpec]:
@@ -204,6 +200,8 @@ ATTN_TILES = ((128, 4, False), (128, 8, False), (256, 4, False), (128, 4, True),
 #: the one the fused layer uses with ``MoELayer.attention_mma``.
 ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2), (256, 3), (128, 6))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
+#: stage counts of that tile the layer may take (``MoELayer.attention_stages``)
+ATTN_LAYER_STAGES = (ATTN_MMA_LAYER[1], 2)
 #: (threads, stages) tiles of the tensor-core attention whose CTA reads every KV head of
 #: its chunk (:data:`ATTN_ALL_HEADS` of them: whole pages), tried on the bench's shape
 ATTN_HEADS_TILES = ((128, 3), (256, 2), (256, 3), (128, 6))
