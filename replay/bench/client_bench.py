@@ -168,10 +168,16 @@ def emulator_stats(url: str, reset: bool = False) -> dict[str, Any]:
 
 def merge_emulator_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Several emulator processes as one: counts summed, lags and CPU the worst one's (a
-    saturated process makes the whole emulator saturated)."""
+    saturated process makes the whole emulator saturated). Each process's peak of
+    running streams is kept; their sum is an upper bound of the whole emulator's peak
+    (the processes' peaks need not coincide), reported as such."""
     out = dict(parts[0])
-    for key in ("requests", "events", "tokens", "steps", "max_running_streams"):
+    for key in ("requests", "events", "tokens", "steps"):
         out[key] = sum(int(p.get(key) or 0) for p in parts)
+    peaks = [int(p.get("max_running_streams") or 0) for p in parts]
+    out.pop("max_running_streams", None)
+    out["max_running_streams_per_process"] = peaks
+    out["max_running_streams_at_most"] = sum(peaks)
     for key in ("step_lag_p50_ms", "step_lag_p99_ms", "step_lag_max_ms", "step_write_p50_ms",
                 "step_write_p99_ms", "cpu_mean", "cpu_max"):
         values = [p[key] for p in parts if p.get(key) is not None]

@@ -20,6 +20,7 @@ from agentload.replay.bench.client_bench import (
     client_benchmark,
     emulator,
     merge,
+    merge_emulator_stats,
     report_lines,
 )
 from agentload.replay.bench.emulator import EMULATOR_MODEL
@@ -49,6 +50,21 @@ def test_merge_is_exact_over_shards() -> None:
     assert m["cpu_per_event_us"] == pytest.approx(1e6 / 200)
     assert m["events_per_read"] == 1.0
     assert split(10, 3) == [4, 3, 3] and sum(split(1001, 2)) == 1001
+
+
+def test_emulator_processes_merge_counts_and_keep_each_peak() -> None:
+    a = {"requests": 3, "events": 30, "tokens": 30, "steps": 10, "max_running_streams": 5,
+         "step_lag_p99_ms": 1.0, "saturated": False, "pid": 1}
+    b = {"requests": 4, "events": 41, "tokens": 41, "steps": 12, "max_running_streams": 7,
+         "step_lag_p99_ms": 9.0, "saturated": True, "verdict": "late steps", "pid": 2}
+    out = merge_emulator_stats([a, b])
+    assert (out["requests"], out["events"], out["steps"]) == (7, 71, 22)
+    # peaks need not coincide: each is kept, the sum is only an upper bound
+    assert out["max_running_streams_per_process"] == [5, 7]
+    assert out["max_running_streams_at_most"] == 12
+    assert "max_running_streams" not in out
+    assert out["step_lag_p99_ms"] == 9.0 and out["saturated"] and out["verdict"] == "late steps"
+    assert out["processes"] == 2
 
 
 def test_a_blocked_loop_shows_as_python_stamp_error_not_kernel(tmp_path: Path) -> None:
