@@ -463,8 +463,7 @@ class DecodeAttentionMma:
                                   self.latent)
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, mCnt, qscale).launch(
             grid=[splits, hkv // self.HC * self.NSL, b], block=[self.T, 1, 1], smem=smem,
-            stream=stream,
-            use_pdl=self.pdl)
+            stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def issue(self, mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k, stage, warp, lane):
