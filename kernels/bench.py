@@ -134,14 +134,18 @@ def _short_kernel(name: str) -> str:
     return name.split("<")[0].split("(")[0][:40]
 
 
-def copy_same_bytes_us(nbytes: int) -> float:
+def copy_same_bytes_us(nbytes: int, l2: int) -> float:
     """Graph µs of a torch copy moving ``nbytes`` (half read, half written), cycling
     buffers past L2: what the copy ceiling gives at this size, launch and ramp included."""
     half = max(1, nbytes // 4)  # bf16 elements per side
-    n = max(2, -(-4 * (torch.cuda.get_device_properties(0).L2_cache_size or 1) // nbytes))
-    src = [torch.randn(half, device="cuda").to(_BF16) for _ in range(n)]
+    src = [torch.randn(half, device="cuda").to(_BF16) for _ in range(_sets(nbytes, l2))]
     dst = [torch.empty_like(x) for x in src]
     return graph_us([partial(d.copy_, x) for d, x in zip(dst, src, strict=True)])
+
+
+def pct_of_copy(nbytes: int, us: float, copy_gbps: float) -> float:
+    """``nbytes`` moved in ``us`` as a percentage of the copy ceiling."""
+    return nbytes / (us * 1e-6) / 1e9 / copy_gbps * 100
 
 
 def _sets(bytes_per_call: int, l2: int) -> int:
@@ -176,7 +180,7 @@ class Report:
         gb = self.ceil.copy_gbps
 
         def pct(us: float | None) -> float | None:
-            return None if us is None else nbytes / (us * 1e-6) / 1e9 / gb * 100
+            return None if us is None else pct_of_copy(nbytes, us, gb)
 
         row = {"op": name, "batch": batch, "bytes": nbytes, "ours_us": ours,
                "torch_us": torch_us, "ours_pct_copy": pct(ours), "torch_pct_copy": pct(torch_us),
@@ -275,10 +279,10 @@ def bench_floor(rep: Report, hidden: int, batch: int) -> None:
     gb = rep.ceil.copy_gbps
     row: dict[str, Any] = {
            "hidden": hidden, "batch": batch, "bytes": 2 * half * 2, "copy_us": copy_us,
-           "copy_pct_ceiling": 2 * half * 2 / (copy_us * 1e-6) / 1e9 / gb * 100,
+           "copy_pct_ceiling": pct_of_copy(2 * half * 2, copy_us, gb),
            "empty_kernel_us": empty_us, "ours_us": ours,
            "ours_pct_of_same_size_copy": None if ours is None else copy_us / ours * 100,
-           "ours_pct_ceiling": None if ours is None else nbytes / (ours * 1e-6) / 1e9 / gb * 100}
+           "ours_pct_ceiling": None if ours is None else pct_of_copy(nbytes, ours, gb)}
     rep.floors.append(row)
     print(f"floor h{hidden} b{batch}: empty kernel {empty_us:.2f} µs; copy_ of "
           f"{row['bytes'] / 1e6:.2f} MB {copy_us:.2f} µs ({row['copy_pct_ceiling']:.1f} % of the "
@@ -512,7 +516,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
         ATTN_MMA_TILES,
         ATTN_TILES,
     )
-    from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk
+    from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk, mma_chunk_rules
 
     hq, hkv, d, page = ATTN_HEADS
     kv_bytes = batch * ctx * hkv * d * 2 * 2
@@ -538,7 +542,8 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
         tiles += [(c, t, 4, False, True, st, mg, kh, kl)
                   for c, (t, st), mg, kl in itertools.product(ATTN_CHUNKS, mma_tiles,
                                                               (False, True), (False, True))
-                  if c % (16 * (t // 32 // kh)) == 0 and not (mg and c >= ctx)]
+                  if c % mma_chunk_rules(d, hq // hkv, page, t, st, d, False, kv_heads=kh)[0]
+                  == 0 and not (mg and c >= ctx)]
     tiles = [tl for tl in tiles if tl[0] == auto
              or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
 
@@ -651,11 +656,11 @@ def bench_attention_mla(rep: Report, batch: int, ctx: int) -> None:
 def _kernel_detail(rep: Report, times: list[tuple[str, float]], nbytes: int) -> None:
     """Under the last row: the best variant's kernels, each timed alone (eager), and a
     torch copy of the row's bytes in a graph: how near the ceiling this size can get."""
-    copy_us = copy_same_bytes_us(nbytes)
+    copy_us = copy_same_bytes_us(nbytes, rep.ceil.l2_bytes)
     row = rep.ops[-1]
     row["kernel_us"] = [{"kernel": _short_kernel(n), "us": us} for n, us in times]
     row["copy_same_bytes_us"] = copy_us
-    pct = nbytes / (copy_us * 1e-6) / 1e9 / rep.ceil.copy_gbps * 100
+    pct = pct_of_copy(nbytes, copy_us, rep.ceil.copy_gbps)
     parts = " + ".join(f"{_short_kernel(n)} {us:.1f}" for n, us in times) or "-"
     print(f"{'':<28}     kernels alone (µs): {parts}; a copy of these bytes: "
           f"{copy_us:.1f} µs ({pct:.0f}% of the ceiling)", flush=True)

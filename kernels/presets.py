@@ -256,36 +256,27 @@ def attention_variants() -> list[KernelSpec]:
                                                      pipe=pipe))
                 if i == 0:
                     out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True))
-                for threads, stages in ATTN_MMA_TILES if i == 0 else ATTN_MMA_TILES[:1]:
-                    if c % (16 * (threads // 32)) == 0:
-                        out.append(decode_attention_spec(d, g, p, c, direct=direct,
-                                                         threads=threads, mma=True,
-                                                         stages=stages))
-                        if not direct:  # the last CTA merges (no combine launch)
-                            out.append(decode_attention_spec(d, g, p, c, direct=False,
-                                                             threads=threads, mma=True,
-                                                             stages=stages, merge=True))
-                        if i == 0:  # keys copied in whole lines
-                            for merge in (False,) if direct else (False, True):
-                                out.append(decode_attention_spec(
-                                    d, g, p, c, direct=direct, threads=threads, mma=True,
-                                    stages=stages, merge=merge, lines=True))
-                for threads, stages in ATTN_HEADS_TILES if i == 0 else ():
-                    if c % (16 * (threads // 32 // ATTN_ALL_HEADS)) == 0:
+                # tensor cores: one KV head a CTA (MMA tiles) or all of them (heads
+                # tiles); the first tile of each also with the step's own key (the
+                # layer's tile, the tests')
+                families = ((1, ATTN_MMA_TILES if i == 0 else ATTN_MMA_TILES[:1]),
+                            (ATTN_ALL_HEADS, ATTN_HEADS_TILES if i == 0 else ()))
+                for kh, tiles_mma in families:
+                    for j, (threads, stages) in enumerate(tiles_mma):
+                        step, _ = mma_chunk_rules(d, g, p, threads, stages, d, False,
+                                                  kv_heads=kh)
+                        if c % step:
+                            continue
                         for merge, lines in itertools.product(
-                                (False,) if direct else (False, True), (False, True)):
+                                (False,) if direct else (False, True),
+                                (False, True) if i == 0 else (False,)):
                             out.append(decode_attention_spec(
                                 d, g, p, c, direct=direct, threads=threads, mma=True,
-                                stages=stages, merge=merge, kv_heads=ATTN_ALL_HEADS,
-                                lines=lines))
-                        if (threads, stages) == ATTN_HEADS_TILES[0]:  # the tests' own key
+                                stages=stages, merge=merge, kv_heads=kh, lines=lines))
+                        if i == 0 and j == 0:
                             out.append(decode_attention_spec(
                                 d, g, p, c, direct=direct, threads=threads, mma=True,
-                                stages=stages, fresh=True, kv_heads=ATTN_ALL_HEADS))
-                if i == 0 and c % (16 * (ATTN_MMA_LAYER[0] // 32)) == 0:
-                    out.append(decode_attention_spec(d, g, p, c, direct=direct, fresh=True,
-                                                     mma=True, threads=ATTN_MMA_LAYER[0],
-                                                     stages=ATTN_MMA_LAYER[1]))
+                                stages=stages, fresh=True, kv_heads=kh))
             out.append(attention_combine_spec(d, c))
     return out
 

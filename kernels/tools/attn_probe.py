@@ -18,7 +18,7 @@ import torch
 
 from agentload.kernels import ceilings as ceil_mod
 from agentload.kernels import ops
-from agentload.kernels.bench import copy_same_bytes_us, graph_us, kernel_times
+from agentload.kernels.bench import copy_same_bytes_us, graph_us, kernel_times, pct_of_copy
 
 
 def probe(hkv: int, shuffled: bool, tokens: int, tile: tuple[int, int, int], merge: bool,
@@ -50,7 +50,7 @@ def probe(hkv: int, shuffled: bool, tokens: int, tile: tuple[int, int, int], mer
     except Exception as exc:  # a variant not in the AOT cache
         print(f"hkv {hkv} shuffled {shuffled} merge {merge}: {str(exc)[:100]}", flush=True)
         return
-    pct = nbytes / (us * 1e-6) / 1e9 / gbps * 100
+    pct = pct_of_copy(nbytes, us, gbps)
     parts = " + ".join(f"{us_:.1f}" for _, us_ in alone)
     print(f"hkv {hkv} {'shuffled' if shuffled else 'in order':>8} chunk {c:>5} "
           f"{'merge' if merge else 'combine':>7}: {us:6.1f} µs graph, {pct:5.1f}% of copy; "
@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     tile = tuple(int(x) for x in a.tile.split(","))
     ceil = ceil_mod.load_or_measure()
     nbytes = 2 * a.tokens * 128 * 2
+    copy_us = copy_same_bytes_us(nbytes, ceil.l2_bytes)
     print(f"{ceil.gpu}: copy ceiling {ceil.copy_gbps} GB/s; {nbytes / 1e6:.1f} MB of KV; "
-          f"a torch copy of as many bytes: {copy_same_bytes_us(nbytes):.1f} µs", flush=True)
+          f"a torch copy of as many bytes: {copy_us:.1f} µs", flush=True)
     for merge in (False, True):
         for hkv in (4, 1):
             for shuffled in (True, False):
