@@ -430,8 +430,11 @@ class DecodeAttentionMma:
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
                  value_dim: int = 0, latent: bool = False, merge: bool = False,
-                 kv_heads: int = 1, lines: bool = False) -> None:
+                 kv_heads: int = 1, lines: bool = False, timeline: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
+        # timeline (a diagnostic): thread 0 stamps %globaltimer at the CTA's phases and
+        # writes the stamps over its first head's partial output (see timeline_stamps)
+        self.TL = timeline
         self.HC = kv_heads  # KV heads per CTA: warp w takes head w % HC of the CTA's
         self.WH = warps // kv_heads  # warps per KV head
         # lines: a tile's keys copied in whole 128-byte lines (row-major in the stage,
@@ -556,6 +559,12 @@ class DecodeAttentionMma:
             s_q = smem.allocate_tensor(
                 BFloat16, cute.make_layout((NC, 2, 32, V), stride=(64 * V, 32 * V, V, 1)),
                 byte_alignment=16)
+        stamp0 = Int32(0)
+        if cutlass.const_expr(self.TL):
+            stamp0 = cute.arch.globaltimer_lo()
+        stamp1 = stamp0
+        stamp2 = stamp0
+        stamp3 = stamp0
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         seq_len = mLen[b]
@@ -586,6 +595,8 @@ class DecodeAttentionMma:
                     cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, nh, col))
                     cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, nh, col))
             cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
+            if cutlass.const_expr(self.TL):
+                stamp1 = cute.arch.globaltimer_lo()
             # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
             acc_o = []
             for _n in cutlass.range_constexpr(DVS // 8):
@@ -608,6 +619,9 @@ class DecodeAttentionMma:
                     # other lanes' copies of this tile landed; every lane is done reading
                     # the stage the issue below overwrites
                     cute.arch.sync_warp()
+                if cutlass.const_expr(self.TL):  # noqa: SIM102
+                    if it == 0:
+                        stamp2 = cute.arch.globaltimer_lo()
                 # the tile S - 1 ahead, into the stage read in the previous iteration
                 self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * WH,
                            (it + S - 1) % S, warp, lane)
@@ -617,11 +631,21 @@ class DecodeAttentionMma:
                     self.tile(atom, q_lo, q_hi, s_q, s_kv, it % S, warp, lane, acc_o, run_max,
                               run_sum, base, stop, qscale)
             cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(self.TL):
+                stamp3 = cute.arch.globaltimer_lo()
             self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kv0, sl,
                           split, warp, g, t, tidx)
             if cutlass.const_expr(self.merge):
                 self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kv0, mK.shape[2], seq_len,
                                    tidx)
+        if cutlass.const_expr(self.TL):
+            cute.arch.sync_threads()  # every thread's outputs written: the CTA's end
+            if tidx == 0:
+                stamps = (stamp0, stamp1, stamp2, stamp3, cute.arch.globaltimer_lo())
+                for i in cutlass.range_constexpr(5):
+                    # 24 bits: exact in a float32; the host unwraps them
+                    mOP[b, kv0 * G, split, i] = Float32(stamps[i] & 0xFFFFFF)
+                mOP[b, kv0 * G, split, 5] = Float32(cute.arch.smid())
 
     @cute.jit
     def q_fragments(self, mQ, s_q, b, kvh, warp, g, t, lane):

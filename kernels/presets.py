@@ -241,6 +241,20 @@ def mla_variants() -> list[KernelSpec]:
     return out
 
 
+#: tiles ``attn_probe --timeline`` stamps, as (batch, chunk, threads, stages, lines) at a
+#: 32k context over the attention bench's shape (16 q / 4 KV heads of 128, pages of 16)
+TIMELINE_TILES = ((1, 1024, 256, 2, True), (1, 1024, 256, 2, False), (1, 1024, 256, 3, True),
+                  (1, 512, 128, 3, True), (1, 512, 128, 2, True), (64, 32768, 128, 2, True))
+TIMELINE_CONTEXT = 32768
+
+
+def timeline_specs() -> list[KernelSpec]:
+    """The diagnostic variants of :data:`TIMELINE_TILES` (their outputs carry stamps)."""
+    return [decode_attention_spec(128, 4, 16, c, direct=c >= TIMELINE_CONTEXT, threads=t,
+                                  stages=st, mma=True, lines=kl, timeline=True)
+            for _b, c, t, st, kl in TIMELINE_TILES]
+
+
 def attention_variants() -> list[KernelSpec]:
     """Every chunk length of each attention shape, direct and split, and their combines;
     on the layer's shape also every tile of :data:`ATTN_TILES` and the ``fresh`` variants
@@ -298,6 +312,7 @@ def bench_specs(layer: LayerConfig | None = None) -> list[KernelSpec]:
         specs.append(silu_mul_spec(i))
     specs += attention_variants()
     specs += mla_variants()
+    specs += timeline_specs()  # kernels.tools.attn_probe --timeline
     for s in specs:
         seen.setdefault(s.key(), s)
     return list(seen.values())

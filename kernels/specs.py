@@ -233,7 +233,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           stages: int = 3, value_dim: int = 0,
                           latent: bool = False, merge: bool = False,
                           shared: bool = False, kv_heads: int = 1,
-                          lines: bool = False) -> KernelSpec:
+                          lines: bool = False, timeline: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -253,7 +253,9 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     pages interleave the heads) and ``kv_heads`` times fewer CTAs cover a chunk. ``lines``
     (tensor cores): a tile's keys are copied in whole 128-byte lines and the MMA's lanes
     read them back after a warp barrier (else each lane copies the 64-byte pieces its
-    fragment needs)."""
+    fragment needs). ``timeline`` (tensor cores, GQA; a diagnostic whose outputs are
+    wrong): each CTA stamps its phases over its first head's partial output, read by
+    ``kernels.tools.attn_probe --timeline``."""
     if shared:
         return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
                                 pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
@@ -262,7 +264,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
                                    value_dim=value_dim, latent=latent, merge=merge,
-                                   kv_heads=kv_heads, lines=lines)
+                                   kv_heads=kv_heads, lines=lines, timeline=timeline)
     if lines:
         raise KernelsError("lines (keys copied in whole lines) needs mma")
     if kv_heads != 1:
@@ -331,7 +333,7 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False,
                         merge: bool = False, kv_heads: int = 1,
-                        lines: bool = False) -> KernelSpec:
+                        lines: bool = False, timeline: bool = False) -> KernelSpec:
     if merge and direct:
         raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
@@ -393,6 +395,11 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
         items["kh"] = kv_heads
     if lines:
         items["kl"] = True
+    if timeline:
+        if latent or merge:
+            raise KernelsError("timeline stamps GQA attention that a combine follows or "
+                               "that writes directly (not MLA, not merge)")
+        items["tl"] = True
     return _spec("decode_attn", pdl, **items)
 
 

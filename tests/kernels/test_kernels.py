@@ -230,6 +230,12 @@ def test_tensor_core_attention_shape_rules() -> None:
         decode_attention_spec(128, 4, 16, 512, direct=False, lines=True)
     # its chunk rule: 16 tokens an iteration per warp of each head
     assert mma_chunk_rules(128, 4, 16, 256, 2, 128, False, kv_heads=4)[0] == 32
+    # the stamping diagnostic: GQA only, a key of its own (its outputs are not attention)
+    tl = decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, timeline=True)
+    assert tl.key().endswith("-tl1") and tl.key() != lines.key()
+    with pytest.raises(KernelsError, match="timeline stamps GQA"):
+        decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, merge=True,
+                              timeline=True)
 
 
 def test_mla_attention_shape_rules() -> None:
@@ -432,3 +438,18 @@ def test_dsl_helpers_with_branches_are_traced_by_the_dsl() -> None:
             if branches and not names & {"cute.jit", "dsl_user_op"}:
                 bare.append(f"{path.name}:{node.name}")
     assert bare == []
+
+
+def test_timeline_stamps_unwrap_across_the_timer_wrap() -> None:
+    torch = pytest.importorskip("torch")
+    from agentload.kernels.tools.attn_probe import WRAP, timeline_report, unwrap
+
+    # 3 CTAs: entry, prologue done, first tile, last tile, end (ns), straddling 2^24
+    rel = torch.tensor([[0, 800, 2000, 20000, 21000], [100, 1100, 2600, 20500, 21500],
+                        [50, 900, 3000, 19000, 22000]])
+    raw = torch.remainder(rel + WRAP - 500, WRAP)
+    assert torch.equal(unwrap(raw), rel)
+    report = timeline_report(rel, 66_000_000)  # 66 MB in 22 µs: 3000 GB/s
+    assert "span 22.0 µs" in report and "3000 GB/s" in report
+    assert "streaming from 3.0 to 19.0 µs (73% of the span)" in report
+    assert "first tile: median   1.50 µs" in report
