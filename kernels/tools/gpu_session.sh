@@ -3,7 +3,8 @@
 # Usage (repo root, on the GPU machine): bash kernels/tools/gpu_session.sh "ceil test attn layers probe bench" [bench args]
 # (attn: bench --attention-only $BENCH_ARGS; layers: bench --layers-only --no-compile $LAYER_ARGS
 #  + traces + profile diff; e.g. BENCH_ARGS="--batches 1 --contexts 32768";
-#  probe: kernels/tools/attn_probe.py, batch-1 attention over four KV layouts)
+#  probe: kernels/tools/attn_probe.py $PROBE_ARGS, batch-1 attention over four KV layouts,
+#  or with PROBE_ARGS=--timeline each CTA's phases)
 # Needs .devcarry/ (carried): apache_tvm_ffi wheel, libcute_dsl_runtime.so.xz, kc/*.so or
 # kc.tar.xz (tar -cJf .devcarry/kc.tar.xz -C KERNEL_CACHE/sm_90a .).
 set -u
