@@ -291,7 +291,14 @@ def attention_variants() -> list[KernelSpec]:
                             out.append(decode_attention_spec(
                                 d, g, p, c, direct=direct, threads=threads, mma=True,
                                 stages=stages, fresh=True, kv_heads=kh))
+                        if i == 0 and kh == 1 and not direct:  # the bench's PDL retry
+                            for lines in (False, True):
+                                out.append(decode_attention_spec(
+                                    d, g, p, c, direct=False, threads=threads, mma=True,
+                                    stages=stages, lines=lines, pdl=True))
             out.append(attention_combine_spec(d, c))
+            if i == 0:
+                out.append(attention_combine_spec(d, c, pdl=True))
     return out
 
 
