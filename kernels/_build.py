@@ -100,7 +100,7 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
                 bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)), dv,
                 bool(g("latent", False)), bool(g("merge", False)), int(g("kh", 1)),
-                bool(g("kl", False)), bool(g("tl", False)))
+                bool(g("kl", False)), bool(g("tl", False)), bool(g("dyn", False)))
         else:
             fn = _cute_attention.DecodeAttention(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")), int(g("u")),
@@ -120,7 +120,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "attn_combine":
         d = int(g("d"))
         b, hq, splits = (cute.sym_int() for _ in range(3))
-        fn = _cute_attention.AttentionCombine(d, int(g("c")), int(g("t")), bool(g("pdl", False)))
+        fn = _cute_attention.AttentionCombine(d, int(g("c")), int(g("t")), bool(g("pdl", False)),
+                                              bool(g("all", False)))
         return fn, (_t(Float32, (b, hq, splits, d)), _t(Float32, (b, hq, splits)),
                     _t(Int32, (b,)), _t(BFloat16, (b, hq, d)), stream)
     raise KernelsError(f"unknown kernel kind {spec.kind!r}")

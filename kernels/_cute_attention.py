@@ -102,14 +102,16 @@ def _pv_mma(atom, acc_o, blk, pa, vs):
 
 @cute.jit
 def _merge_states(s_acc, s_ml, parts: int, group: int, dim: int, threads: int, tidx,
-                  direct: bool, mO, mOP, mLse, b, kvh, split, sl, heads: int = 1):
+                  direct: bool, mO, mOP, mLse, b, kvh, split, sl, heads: int = 1,
+                  maybe_empty: bool = False):
     """The CTA's ``parts`` softmax states in shared memory (``s_acc[part, head, d]``
     un-normalized, ``s_ml[part, head]`` = running max, sum) merged into whole outputs,
     each thread a column at a time: the bf16 output (``direct``), or this chunk's
     normalized output and log-sum-exp for the combine. ``sl``: which ``dim`` value
     columns of the head (MLA's slices; 0 otherwise), the one that writes the lse.
     ``heads``: KV heads the CTA holds (``kvh`` the first); head ``kvh + i``'s states are
-    the parts ``w`` with ``w % heads == i``."""
+    the parts ``w`` with ``w % heads == i``. ``maybe_empty``: the CTA may have seen no
+    token (a dynamic split): its output is then 0 with a log-sum-exp of -inf."""
     per: cutlass.Constexpr = parts // heads
     for e in cutlass.range_constexpr((heads * group * dim + threads - 1) // threads):
         idx = e * threads + tidx
@@ -131,6 +133,8 @@ def _merge_states(s_acc, s_ml, parts: int, group: int, dim: int, threads: int, t
                 wt = cute.math.exp2(s_ml[w, gh, 0] - top, fastmath=True)
                 den = den + wt * s_ml[w, gh, 1]
                 num = num + wt * s_acc[w, gh, d]
+            if cutlass.const_expr(maybe_empty):
+                den = cute.arch.fmax(den, Float32(1.0e-30))  # no token: 0, never 0 / 0
             o = num / den
             if cutlass.const_expr(direct):
                 mO[b, kvh * group + hh, sl * dim + d] = o.to(BFloat16)
@@ -331,8 +335,10 @@ class AttentionCombine:
     ``ceil(seq_lens[b] / C)``.
     """
 
-    def __init__(self, head_dim: int, chunk: int, threads: int, pdl: bool = False) -> None:
+    def __init__(self, head_dim: int, chunk: int, threads: int, pdl: bool = False,
+                 every: bool = False) -> None:
         self.D, self.C, self.T, self.pdl = head_dim, chunk, threads, pdl
+        self.every = every  # merge every partial (dynamic split: one per CTA, not chunk)
         self.E = max(4, head_dim // 32)  # floats per lane
         self.LR = head_dim // self.E  # lanes per chunk row
         self.RPW = 32 // self.LR  # chunk rows per warp per step
@@ -362,7 +368,9 @@ class AttentionCombine:
                                     byte_alignment=16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-        n = (mLen[b] + self.C - 1) // self.C
+        n = mOP.shape[2]
+        if cutlass.const_expr(not self.every):
+            n = (mLen[b] + self.C - 1) // self.C
         top = Float32(NEG_INIT)
         den = Float32(0.0)
         acc = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
@@ -430,11 +438,15 @@ class DecodeAttentionMma:
     def __init__(self, head_dim: int, group: int, page: int, chunk: int, warps: int,
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
                  value_dim: int = 0, latent: bool = False, merge: bool = False,
-                 kv_heads: int = 1, lines: bool = False, timeline: bool = False) -> None:
+                 kv_heads: int = 1, lines: bool = False, timeline: bool = False,
+                 dynamic: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         # timeline (a diagnostic): thread 0 stamps %globaltimer at the CTA's phases and
         # writes the stamps over its first head's partial output (see timeline_stamps)
         self.TL = timeline
+        # dynamic: the CTAs of a (sequence, KV head) take its tiles from a shared counter
+        # (see run_dynamic) instead of a chunk each
+        self.DYN = dynamic
         self.HC = kv_heads  # KV heads per CTA: warp w takes head w % HC of the CTA's
         self.WH = warps // kv_heads  # warps per KV head
         # lines: a tile's keys copied in whole 128-byte lines (row-major in the stage,
@@ -471,41 +483,46 @@ class DecodeAttentionMma:
     @cute.jit
     def issue(self, mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k, stage, warp, lane):
         """``cp.async`` this lane's key and value vectors of tile ``k`` (tokens
-        ``t0 + 16 k ..``) into its slots of ``stage``; tokens past ``stop`` read the last
-        valid one (finite values, weighted 0)."""
+        ``t0 + 16 k ..``, its page id in ``s_bt``) into its slots of ``stage``."""
+        base = t0 + 16 * k
+        if base < stop:
+            self.issue_page(mK, mV, s_kv, s_bt[(16 * k) // self.P], (16 * k) % self.P,
+                            base, stop, kvh, sl, stage, warp, lane)
+
+    @cute.jit
+    def issue_page(self, mK, mV, s_kv, page, slot0, base, stop, kvh, sl, stage, warp, lane):
+        """``cp.async`` the tile of tokens ``base ..`` (``base < stop``), slots
+        ``slot0 ..`` of ``page``, into this lane's slots of ``stage``; tokens past ``stop``
+        read the last valid one (finite values, weighted 0)."""
         g = lane // 4
         t = lane - g * 4
-        base = t0 + 16 * k
         cp = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), BFloat16,
             num_bits_per_copy=128)
-        if base < stop:
-            page = s_bt[(16 * k) // self.P]
-            slot0 = (16 * k) % self.P
-            last = stop - 1 - base  # the tile's last valid token
-            if cutlass.const_expr(self.KL):
-                # consecutive lanes on consecutive chunks of a row: whole lines per copy
-                for m in cutlass.range_constexpr(self.NK):
-                    e = m * 32 + lane
-                    tok = e // self.CPT
-                    ch = e - tok * self.CPT
-                    es = self.k_slot(tok, ch)
-                    cute.copy(cp, _cache_vec(mK, page, slot0 + cutlass.min(tok, last), kvh, ch),
-                              s_kv[warp, stage, es // 32, es % 32, None])
-            else:
-                for r in cutlass.range_constexpr(2):
-                    off = slot0 + cutlass.min(8 * r + g, last)
-                    for c in cutlass.range_constexpr(self.NC):
-                        cute.copy(cp, _cache_vec(mK, page, off, kvh, c * 4 + t),
-                                  s_kv[warp, stage, r * self.NC + c, lane, None])
-            for q in cutlass.range_constexpr(4):
-                off = slot0 + cutlass.min((q // 2) * 8 + 2 * t + q % 2, last)
-                for blk in cutlass.range_constexpr(self.NB):
-                    # MLA: the value is the key's latent prefix, this CTA's columns of it
-                    src = mK if self.latent else mV
-                    col = sl * (self.DVS // V) + blk * 8 + g
-                    cute.copy(cp, _cache_vec(src, page, off, kvh, col),
-                              s_kv[warp, stage, self.NK + q * self.NB + blk, lane, None])
+        last = stop - 1 - base  # the tile's last valid token
+        if cutlass.const_expr(self.KL):
+            # consecutive lanes on consecutive chunks of a row: whole lines per copy
+            for m in cutlass.range_constexpr(self.NK):
+                e = m * 32 + lane
+                tok = e // self.CPT
+                ch = e - tok * self.CPT
+                es = self.k_slot(tok, ch)
+                cute.copy(cp, _cache_vec(mK, page, slot0 + cutlass.min(tok, last), kvh, ch),
+                          s_kv[warp, stage, es // 32, es % 32, None])
+        else:
+            for r in cutlass.range_constexpr(2):
+                off = slot0 + cutlass.min(8 * r + g, last)
+                for c in cutlass.range_constexpr(self.NC):
+                    cute.copy(cp, _cache_vec(mK, page, off, kvh, c * 4 + t),
+                              s_kv[warp, stage, r * self.NC + c, lane, None])
+        for q in cutlass.range_constexpr(4):
+            off = slot0 + cutlass.min((q // 2) * 8 + 2 * t + q % 2, last)
+            for blk in cutlass.range_constexpr(self.NB):
+                # MLA: the value is the key's latent prefix, this CTA's columns of it
+                src = mK if self.latent else mV
+                col = sl * (self.DVS // V) + blk * 8 + g
+                cute.copy(cp, _cache_vec(src, page, off, kvh, col),
+                          s_kv[warp, stage, self.NK + q * self.NB + blk, lane, None])
 
     def k_slot(self, tok, ch):
         """Where chunk ``ch`` of key row ``tok`` sits in a stage with ``lines``, in 16-byte
@@ -572,72 +589,77 @@ class DecodeAttentionMma:
         # the length, Q and the page ids in flight together: the ids are read up to the
         # chunk's end or the table's, whatever the length
         q_lo, q_hi = self.q_fragments(mQ, s_q, b, kvh, warp, g, t, lane)
-        for i in cutlass.range(tidx, cutlass.min(self.C // P, mBT.shape[1] - t0 // P), self.T):
-            s_bt[i] = mBT[b, t0 // P + i]
-        if t0 < seq_len:
-            stop = cutlass.min(seq_len, t0 + self.C)
-            if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
-                # The step's own key and value go to the cache first; the barrier below
-                # makes them visible to this CTA's cp.async reads (through L2).
-                if stop == seq_len and tidx < self.HC * (D // V):
-                    last = seq_len - 1
-                    lp = last // P
-                    nh = kv0  # the CTA's KV head whose column this thread appends
-                    col = tidx
-                    if cutlass.const_expr(self.HC > 1):
-                        nh = kv0 + tidx // (D // V)
-                        col = tidx % (D // V)
-                    kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    cute.copy(ld_q, _head_vec(mKN, b, nh, col), kn)
-                    cute.copy(ld_q, _head_vec(mVN, b, nh, col), vn)
-                    st = _vec_atom()
-                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, nh, col))
-                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, nh, col))
-            cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
-            if cutlass.const_expr(self.TL):
-                stamp1 = cute.arch.globaltimer_lo()
-            # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
-            acc_o = []
-            for _n in cutlass.range_constexpr(DVS // 8):
-                a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
-                a.fill(0.0)
-                acc_o.append(a)
-            run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-            run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-            run_max.fill(NEG_INIT)
-            run_sum.fill(0.0)
-            for k in cutlass.range_constexpr(S - 1):
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * WH + wt, k, warp,
-                           lane)
-                cute.arch.cp_async_commit_group()
-            # the chunk's live iterations only (a short context in a long chunk)
-            for it in cutlass.range((stop - t0 + 16 * WH - 1) // (16 * WH)):
-                k = it * WH + wt
-                cute.arch.cp_async_wait_group(S - 2)
-                if cutlass.const_expr(self.KL):
-                    # other lanes' copies of this tile landed; every lane is done reading
-                    # the stage the issue below overwrites
-                    cute.arch.sync_warp()
-                if cutlass.const_expr(self.TL):  # noqa: SIM102
-                    if it == 0:
-                        stamp2 = cute.arch.globaltimer_lo()
-                # the tile S - 1 ahead, into the stage read in the previous iteration
-                self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * WH,
-                           (it + S - 1) % S, warp, lane)
-                cute.arch.cp_async_commit_group()
-                base = t0 + 16 * k
-                if base < stop:
-                    self.tile(atom, q_lo, q_hi, s_q, s_kv, it % S, warp, lane, acc_o, run_max,
-                              run_sum, base, stop, qscale)
-            cute.arch.cp_async_wait_group(0)
-            if cutlass.const_expr(self.TL):
-                stamp3 = cute.arch.globaltimer_lo()
-            self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kv0, sl,
-                          split, warp, g, t, tidx)
-            if cutlass.const_expr(self.merge):
-                self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kv0, mK.shape[2], seq_len,
-                                   tidx)
+        if cutlass.const_expr(self.DYN):
+            stamp1, stamp2, stamp3 = self.run_dynamic(
+                atom, q_lo, q_hi, s_q, s_kv, s_acc, s_ml, mK, mV, mBT, mOP, mLse, mO, mCnt, b,
+                kvh, sl, split, seq_len, warp, lane, g, t, tidx, qscale)
+        else:
+            for i in cutlass.range(tidx, cutlass.min(self.C // P, mBT.shape[1] - t0 // P), self.T):
+                s_bt[i] = mBT[b, t0 // P + i]
+            if t0 < seq_len:
+                stop = cutlass.min(seq_len, t0 + self.C)
+                if cutlass.const_expr(self.fresh):  # noqa: SIM102 (a compile-time if: kept apart)
+                    # The step's own key and value go to the cache first; the barrier below
+                    # makes them visible to this CTA's cp.async reads (through L2).
+                    if stop == seq_len and tidx < self.HC * (D // V):
+                        last = seq_len - 1
+                        lp = last // P
+                        nh = kv0  # the CTA's KV head whose column this thread appends
+                        col = tidx
+                        if cutlass.const_expr(self.HC > 1):
+                            nh = kv0 + tidx // (D // V)
+                            col = tidx % (D // V)
+                        kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                        vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+                        cute.copy(ld_q, _head_vec(mKN, b, nh, col), kn)
+                        cute.copy(ld_q, _head_vec(mVN, b, nh, col), vn)
+                        st = _vec_atom()
+                        cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, nh, col))
+                        cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, nh, col))
+                cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
+                if cutlass.const_expr(self.TL):
+                    stamp1 = cute.arch.globaltimer_lo()
+                # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
+                acc_o = []
+                for _n in cutlass.range_constexpr(DVS // 8):
+                    a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
+                    a.fill(0.0)
+                    acc_o.append(a)
+                run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+                run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+                run_max.fill(NEG_INIT)
+                run_sum.fill(0.0)
+                for k in cutlass.range_constexpr(S - 1):
+                    self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * WH + wt, k, warp,
+                               lane)
+                    cute.arch.cp_async_commit_group()
+                # the chunk's live iterations only (a short context in a long chunk)
+                for it in cutlass.range((stop - t0 + 16 * WH - 1) // (16 * WH)):
+                    k = it * WH + wt
+                    cute.arch.cp_async_wait_group(S - 2)
+                    if cutlass.const_expr(self.KL):
+                        # other lanes' copies of this tile landed; every lane is done reading
+                        # the stage the issue below overwrites
+                        cute.arch.sync_warp()
+                    if cutlass.const_expr(self.TL):  # noqa: SIM102
+                        if it == 0:
+                            stamp2 = cute.arch.globaltimer_lo()
+                    # the tile S - 1 ahead, into the stage read in the previous iteration
+                    self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k + (S - 1) * WH,
+                               (it + S - 1) % S, warp, lane)
+                    cute.arch.cp_async_commit_group()
+                    base = t0 + 16 * k
+                    if base < stop:
+                        self.tile(atom, q_lo, q_hi, s_q, s_kv, it % S, warp, lane, acc_o, run_max,
+                                  run_sum, base, stop, qscale)
+                cute.arch.cp_async_wait_group(0)
+                if cutlass.const_expr(self.TL):
+                    stamp3 = cute.arch.globaltimer_lo()
+                self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kv0, sl,
+                              split, warp, g, t, tidx)
+                if cutlass.const_expr(self.merge):
+                    self.merge_if_last(mOP, mLse, mO, mCnt, s_flag, b, kv0, mK.shape[2], seq_len,
+                                       tidx)
         if cutlass.const_expr(self.TL):
             cute.arch.sync_threads()  # every thread's outputs written: the CTA's end
             if tidx == 0:
@@ -646,6 +668,94 @@ class DecodeAttentionMma:
                     # 24 bits: exact in a float32; the host unwraps them
                     mOP[b, kv0 * G, split, i] = Float32(stamps[i] & 0xFFFFFF)
                 mOP[b, kv0 * G, split, 5] = Float32(cute.arch.smid())
+
+    @cute.jit
+    def run_dynamic(self, atom, q_lo, q_hi, s_q, s_kv, s_acc, s_ml, mK, mV, mBT, mOP, mLse,
+                    mO, mCnt, b, kvh, sl, split, seq_len, warp, lane, g, t, tidx, qscale):
+        """The dynamic split: the ``slots`` CTAs of a (sequence, KV head) share its
+        16-token tiles, so a CTA on a slower SM takes fewer (a static chunk each leaves the
+        fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
+        (no atomic on the ramp); later ones come one at a time from the (sequence, KV head)
+        counter ``mCnt[ci]``, taken during the math of the tile before and landing in
+        ``cp.async`` one tile ahead (two stages). The CTA's state covers whatever it took,
+        written as one partial (slot ``split``); the last CTA done (``mCnt[half + ci]``)
+        re-arms both counters. Returns the timeline's stamps (prologue, first tile, last)."""
+        P: cutlass.Constexpr = self.P
+        WH: cutlass.Constexpr = self.WH
+        DVS: cutlass.Constexpr = self.DVS
+        slots = mOP.shape[2]
+        half = mCnt.shape[0] // 2  # grab counters, then done counters
+        ci = b * mK.shape[2] + kvh
+        n_tiles = (seq_len + 15) // 16
+        fixed = 2 * slots * WH  # tiles dealt out before any is taken
+        k0 = split * WH + warp
+        k1 = k0 + slots * WH
+        p0 = Int32(0)
+        p1 = Int32(0)
+        if k0 < n_tiles:
+            p0 = mBT[b, (16 * k0) // P]
+        if k1 < n_tiles:
+            p1 = mBT[b, (16 * k1) // P]
+        acc_o = []
+        for _n in cutlass.range_constexpr(DVS // 8):
+            a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
+            a.fill(0.0)
+            acc_o.append(a)
+        run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        run_max.fill(NEG_INIT)
+        run_sum.fill(0.0)
+        stamp1 = Int32(0)
+        if cutlass.const_expr(self.TL):
+            stamp1 = cute.arch.globaltimer_lo()
+        stamp2 = stamp1
+        if 16 * k0 < seq_len:
+            self.issue_page(mK, mV, s_kv, p0, (16 * k0) % P, 16 * k0, seq_len, kvh, sl, 0,
+                            warp, lane)
+        cute.arch.cp_async_commit_group()
+        it = Int32(0)
+        while k0 < n_tiles:
+            cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(self.KL):
+                cute.arch.sync_warp()
+            if cutlass.const_expr(self.TL):  # noqa: SIM102
+                if it == 0:
+                    stamp2 = cute.arch.globaltimer_lo()
+            if 16 * k1 < seq_len:
+                self.issue_page(mK, mV, s_kv, p1, (16 * k1) % P, 16 * k1, seq_len, kvh, sl,
+                                (it + 1) % 2, warp, lane)
+            cute.arch.cp_async_commit_group()
+            # the tile after next: the atomic in flight during this tile's math
+            raw = Int32(0)
+            if lane == 0:
+                raw = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
+                                           scope="gpu")
+            self.tile(atom, q_lo, q_hi, s_q, s_kv, it % 2, warp, lane, acc_o, run_max,
+                      run_sum, 16 * k0, seq_len, qscale)
+            k2 = fixed + cute.arch.shuffle_sync(raw, 0)
+            p2 = Int32(0)
+            if k2 < n_tiles:
+                p2 = mBT[b, (16 * k2) // P]
+            k0 = k1
+            k1 = k2
+            p1 = p2
+            it = it + 1
+        cute.arch.cp_async_wait_group(0)
+        stamp3 = stamp1
+        if cutlass.const_expr(self.TL):
+            stamp3 = cute.arch.globaltimer_lo()
+        self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl, split,
+                      warp, g, t, tidx)
+        cute.arch.fence_acq_rel_gpu()  # every take of this CTA before its count
+        cute.arch.sync_threads()
+        if tidx == 0:
+            old = cute.arch.atomic_add(mCnt.iterator + half + ci, Int32(1), sem="acq_rel",
+                                       scope="gpu")
+            if old == slots - 1:  # every CTA of this (sequence, KV head) is done
+                cute.arch.atomic_exch(mCnt.iterator + ci, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.atomic_exch(mCnt.iterator + half + ci, Int32(0), sem="relaxed",
+                                      scope="gpu")
+        return stamp1, stamp2, stamp3
 
     @cute.jit
     def q_fragments(self, mQ, s_q, b, kvh, warp, g, t, lane):
@@ -800,4 +910,4 @@ class DecodeAttentionMma:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         _merge_states(s_acc, s_ml, W, G, D, self.T, tidx, self.direct, mO, mOP, mLse, b, kvh,
-                      split, sl, heads=self.HC)
+                      split, sl, heads=self.HC, maybe_empty=self.DYN)

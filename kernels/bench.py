@@ -532,32 +532,37 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     outs = [_poisoned((batch, hq, d)) for _ in range(sets)]
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
-    # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA, key lines):
-    # CUDA-core tiles, tensor-core ones, those whose last CTA merges the chunks (split
-    # contexts only), those whose CTA reads every KV head of its chunk (whole pages), and
-    # those copying keys in whole lines
-    tiles = [(c, t, u, p, False, 3, False, 1, False)
+    # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA, key lines,
+    # dynamic): CUDA-core tiles, tensor-core ones, those whose last CTA merges the chunks
+    # (split contexts only), those whose CTA reads every KV head of its chunk (whole
+    # pages), those copying keys in whole lines, and the dynamic split (CTAs taking
+    # tiles from a shared counter: no chunk)
+    tiles = [(c, t, u, p, False, 3, False, 1, False, False)
              for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
     for kh, mma_tiles in ((1, ATTN_MMA_TILES), (ATTN_ALL_HEADS, ATTN_HEADS_TILES)):
-        tiles += [(c, t, 4, False, True, st, mg, kh, kl)
+        tiles += [(c, t, 4, False, True, st, mg, kh, kl, False)
                   for c, (t, st), mg, kl in itertools.product(ATTN_CHUNKS, mma_tiles,
                                                               (False, True), (False, True))
                   if c % mma_chunk_rules(d, hq // hkv, page, t, st, d, False, kv_heads=kh)[0]
                   == 0 and not (mg and c >= ctx)]
     tiles = [tl for tl in tiles if tl[0] == auto
              or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
+    tiles += [(0, t, 4, False, True, 2, False, 1, kl, True)
+              for (t, st), kl in itertools.product(ATTN_MMA_TILES, (False, True)) if st == 2]
 
     def tag(tl: tuple[Any, ...]) -> str:
-        c, threads, unroll, pipe, mma, stages, merge, kh, kl = tl
-        return (f"chunk {c} mma t{threads} s{stages}" + (" merge" if merge else "")
-                + (f" {kh} heads a CTA" if kh > 1 else "") + (" lines" if kl else "") if mma
+        c, threads, unroll, pipe, mma, stages, merge, kh, kl, dyn = tl
+        return ((f"chunk {c}" if not dyn else "dynamic") + f" mma t{threads} s{stages}"
+                + (" merge" if merge else "") + (f" {kh} heads a CTA" if kh > 1 else "")
+                + (" lines" if kl else "") if mma
                 else f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
 
     def ours(i: int, tl: tuple[Any, ...], pdl: bool = False) -> Any:
         return ops.decode_attention(qs[i], kc[i], vc[i], table, lens, max_len=ctx,
-                                    out=outs[i], chunk=tl[0], threads=tl[1], unroll=tl[2],
-                                    pipe=tl[3], mma=tl[4], stages=tl[5], merge=tl[6],
-                                    kv_heads_per_cta=tl[7], lines=tl[8], pdl=pdl)
+                                    out=outs[i], chunk=tl[0] or None, threads=tl[1],
+                                    unroll=tl[2], pipe=tl[3], mma=tl[4], stages=tl[5],
+                                    merge=tl[6], kv_heads_per_cta=tl[7], lines=tl[8],
+                                    dynamic=tl[9], pdl=pdl)
 
     best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
                       tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)

@@ -33,6 +33,7 @@ from agentload.kernels.specs import (
 
 _BF16 = torch.bfloat16
 _SCRATCH: dict[tuple[str, str], torch.Tensor] = {}
+_SMS: dict[str, int] = {}
 
 
 def _check(t: object, name: str, dtype: torch.dtype, want: tuple[int | None, ...],
@@ -60,6 +61,14 @@ def _out(out: torch.Tensor | None, name: str, dtype: torch.dtype, shape: tuple[i
     if out is None:
         return torch.empty(shape, dtype=dtype, device=like.device)
     return _check(out, name, dtype, shape)
+
+
+def _sms(device: torch.device) -> int:
+    """The device's SM count (cached: a property query per call would cost µs)."""
+    n = _SMS.get(str(device))
+    if n is None:
+        n = _SMS[str(device)] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def _scratch(kind: str, device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -309,7 +318,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out: torch.Tensor | None = None, pdl: bool = False,
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
                      mma: bool = False, stages: int = 3, merge: bool = False,
-                     kv_heads_per_cta: int = 1, lines: bool = False) -> torch.Tensor:
+                     kv_heads_per_cta: int = 1, lines: bool = False,
+                     dynamic: bool = False) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -329,7 +339,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     context is one kernel too. ``kv_heads_per_cta`` (with ``mma``): each CTA reads that
     many KV heads of its chunk (whole pages of the cache, its warps dealt out over them).
     ``lines`` (with ``mma``): keys copied in whole 128-byte lines, read back after a warp
-    barrier.
+    barrier. ``dynamic`` (with ``mma``, 2 stages, no ``k_new``): instead of a chunk each,
+    the CTAs of a (sequence, KV head) -- as many as fill the GPU -- take its 16-token
+    tiles from a shared counter, so SMs that stream slower take fewer (``chunk`` and
+    ``merge`` do not apply; a combine always follows).
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -358,17 +371,26 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                        kv_heads=kv_heads_per_cta)
     else:
         step, per_sm = (threads // 32) * (256 // d) * unroll, 2
-    c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
-                                 ctas_per_sm=per_sm)
-    splits = -(-max_len // c)
-    direct = splits == 1
+    if dynamic:
+        if not mma or k_new is not None or merge or chunk:
+            raise KernelsError("dynamic takes mma, and neither k_new, merge nor chunk")
+        c = step  # nominal: one iteration's tokens
+        # as many CTAs per (sequence, KV head) as fill the GPU, no more than its tiles
+        splits = max(1, min(_sms(q.device) * per_sm // (b * hkv),
+                            -(-max_len // step)))
+    else:
+        c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
+                                     ctas_per_sm=per_sm)
+        splits = -(-max_len // c)
+    direct = splits == 1 and not dynamic
     merged = merge and mma and not direct
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
                                  pipe=pipe, mma=mma, stages=stages, merge=merged,
-                                 kv_heads=kv_heads_per_cta, lines=lines)
+                                 kv_heads=kv_heads_per_cta, lines=lines, dynamic=dynamic)
     # the combine's spec before any launch: a shape it refuses fails with nothing written
-    combine = None if direct or merged else attention_combine_spec(d, c, pdl=pdl)
+    combine = (None if direct or merged
+               else attention_combine_spec(d, c, pdl=pdl, every=dynamic))
     o = _out(out, "out", _BF16, (b, hq, d), q)
     qscale = (d ** -0.5 if scale is None else scale) * 1.4426950408889634  # base-2 softmax
     # The chunks' outputs (unwritten when direct, but the compiled kernel still checks that
@@ -378,8 +400,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits).view(b, hq, splits)
     kn = k_new if k_new is not None else q[:, :hkv]  # unread without fresh
     vn = v_new if v_new is not None else q[:, :hkv]
-    if mma:  # + the per-(sequence, KV head) counters the merging CTA re-arms
-        counters = _scratch("attn-count", q.device, torch.int32, b * hkv)
+    if mma:  # + the per-(sequence, KV head) counters the merging CTA re-arms (dynamic:
+        # the tiles taken, then the CTAs done; the last one done re-arms both)
+        counters = (_scratch("attn-dynamic", q.device, torch.int32, 2 * b * hkv) if dynamic
+                    else _scratch("attn-count", q.device, torch.int32, b * hkv))
         _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
                          counters, qscale)
     else:

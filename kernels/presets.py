@@ -241,18 +241,20 @@ def mla_variants() -> list[KernelSpec]:
     return out
 
 
-#: tiles ``attn_probe --timeline`` stamps, as (batch, chunk, threads, stages, lines) at a
-#: 32k context over the attention bench's shape (16 q / 4 KV heads of 128, pages of 16)
-TIMELINE_TILES = ((1, 1024, 256, 2, True), (1, 1024, 256, 2, False), (1, 1024, 256, 3, True),
-                  (1, 512, 128, 3, True), (1, 512, 128, 2, True), (64, 32768, 128, 2, True))
+#: tiles ``attn_probe --timeline`` stamps, as (batch, chunk, threads, stages, lines,
+#: dynamic) at a 32k context over the attention bench's shape (16 q / 4 KV heads of 128,
+#: pages of 16); a dynamic tile's chunk is one iteration's tokens
+TIMELINE_TILES = ((1, 1024, 256, 2, True, False), (1, 512, 128, 2, True, False),
+                  (1, 128, 256, 2, True, True), (1, 64, 128, 2, True, True),
+                  (64, 32768, 128, 2, True, False), (64, 64, 128, 2, True, True))
 TIMELINE_CONTEXT = 32768
 
 
 def timeline_specs() -> list[KernelSpec]:
     """The diagnostic variants of :data:`TIMELINE_TILES` (their outputs carry stamps)."""
     return [decode_attention_spec(128, 4, 16, c, direct=c >= TIMELINE_CONTEXT, threads=t,
-                                  stages=st, mma=True, lines=kl, timeline=True)
-            for _b, c, t, st, kl in TIMELINE_TILES]
+                                  stages=st, mma=True, lines=kl, timeline=True, dynamic=dyn)
+            for _b, c, t, st, kl, dyn in TIMELINE_TILES]
 
 
 def attention_variants() -> list[KernelSpec]:
@@ -299,6 +301,23 @@ def attention_variants() -> list[KernelSpec]:
             out.append(attention_combine_spec(d, c))
             if i == 0:
                 out.append(attention_combine_spec(d, c, pdl=True))
+        if i == 0:
+            out += dynamic_attention_variants(d, g, p)
+    return out
+
+
+def dynamic_attention_variants(d: int, g: int, p: int) -> list[KernelSpec]:
+    """The dynamic split (CTAs taking tiles from a shared counter) on each two-stage
+    tensor-core tile, keys in lines or not, plain and PDL, and their combines."""
+    out: list[KernelSpec] = []
+    for (threads, stages), lines, pdl in itertools.product(
+            ATTN_MMA_TILES, (False, True), (False, True)):
+        if stages == 2:
+            step, _ = mma_chunk_rules(d, g, p, threads, stages, d, False)
+            out.append(decode_attention_spec(d, g, p, step, direct=False, threads=threads,
+                                             mma=True, stages=2, lines=lines, pdl=pdl,
+                                             dynamic=True))
+            out.append(attention_combine_spec(d, step, pdl=pdl, every=True))
     return out
 
 

@@ -233,7 +233,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           stages: int = 3, value_dim: int = 0,
                           latent: bool = False, merge: bool = False,
                           shared: bool = False, kv_heads: int = 1,
-                          lines: bool = False, timeline: bool = False) -> KernelSpec:
+                          lines: bool = False, timeline: bool = False,
+                          dynamic: bool = False) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -255,7 +256,10 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     read them back after a warp barrier (else each lane copies the 64-byte pieces its
     fragment needs). ``timeline`` (tensor cores, GQA; a diagnostic whose outputs are
     wrong): each CTA stamps its phases over its first head's partial output, read by
-    ``kernels.tools.attn_probe --timeline``."""
+    ``kernels.tools.attn_probe --timeline``. ``dynamic`` (tensor cores, GQA, 2 stages,
+    split): the CTAs of a (sequence, KV head) take its 16-token tiles from a shared
+    counter instead of a chunk each, one partial per CTA (``chunk`` is then one
+    iteration's tokens; the combine takes every partial)."""
     if shared:
         return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
                                 pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
@@ -264,7 +268,8 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
         return _mma_attention_spec(head_dim, group, page, chunk, direct=direct,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
                                    value_dim=value_dim, latent=latent, merge=merge,
-                                   kv_heads=kv_heads, lines=lines, timeline=timeline)
+                                   kv_heads=kv_heads, lines=lines, timeline=timeline,
+                                   dynamic=dynamic)
     if lines:
         raise KernelsError("lines (keys copied in whole lines) needs mma")
     if kv_heads != 1:
@@ -333,7 +338,8 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
                         threads: int, stages: int, pdl: bool, fresh: bool,
                         value_dim: int = 0, latent: bool = False,
                         merge: bool = False, kv_heads: int = 1,
-                        lines: bool = False, timeline: bool = False) -> KernelSpec:
+                        lines: bool = False, timeline: bool = False,
+                        dynamic: bool = False) -> KernelSpec:
     if merge and direct:
         raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
@@ -400,6 +406,11 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
             raise KernelsError("timeline stamps GQA attention that a combine follows or "
                                "that writes directly (not MLA, not merge)")
         items["tl"] = True
+    if dynamic:
+        if latent or merge or direct or fresh or kv_heads != 1 or stages != 2:
+            raise KernelsError("dynamic splits GQA attention (one KV head a CTA, 2 stages) "
+                               "whose combine follows: not MLA, merge, direct or fresh")
+        items["dyn"] = True
     return _spec("decode_attn", pdl, **items)
 
 
@@ -426,14 +437,17 @@ def _mla_shared_spec(head_dim: int, group: int, page: int, chunk: int, *, direct
 
 
 def attention_combine_spec(head_dim: int, chunk: int, *, threads: int = 256,
-                           pdl: bool = False) -> KernelSpec:
+                           pdl: bool = False, every: bool = False) -> KernelSpec:
     """Merge of :func:`decode_attention_spec`'s chunks (same ``chunk``); ``head_dim`` is
-    the value's width (512 for MLA)."""
+    the value's width (512 for MLA). ``every``: all the partials there are, whatever the
+    length (a dynamic split writes one per CTA)."""
     if head_dim not in ATTN_COMBINE_DIMS:
         raise KernelsError(f"attention combine takes head dim {ATTN_COMBINE_DIMS}, "
                            f"got {head_dim}")
     if threads % 32 or not 32 <= threads <= 1024:
         raise KernelsError(f"threads must be a multiple of 32 up to 1024, got {threads}")
+    if every:
+        return _spec("attn_combine", pdl, d=head_dim, c=chunk, t=threads, all=True)
     return _spec("attn_combine", pdl, d=head_dim, c=chunk, t=threads)
 
 

@@ -26,6 +26,7 @@ from agentload.kernels import _cache, ops
 from agentload.kernels import ceilings as ceil_mod
 from agentload.kernels.bench import copy_same_bytes_us, graph_us, kernel_times, pct_of_copy
 from agentload.kernels.presets import TIMELINE_CONTEXT, TIMELINE_TILES, timeline_specs
+from agentload.kernels.specs import mma_chunk_rules
 
 WRAP = 1 << 24  #: the stamps keep the timer's low 24 bits (exact in a float32)
 PHASES = ("prologue", "first tile", "stream", "epilogue")
@@ -94,13 +95,13 @@ def timeline_report(rel: torch.Tensor, nbytes: int) -> str:
     return "\n".join(lines)
 
 
-def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool,
+def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dynamic: bool,
              repeats: int = 5) -> None:
     """Runs one stamping variant ``repeats`` times (KV past L2 each time) and prints the
     phases of the median-span run."""
     hq, hkv, d, page, ctx = 16, 4, 128, 16, TIMELINE_CONTEXT
     spec = next(s for s, t in zip(timeline_specs(), TIMELINE_TILES, strict=True)
-                if t == (batch, chunk, threads, stages, lines))
+                if t == (batch, chunk, threads, stages, lines, dynamic))
     pages = batch * ctx // page
     sets = 2 if batch * ctx * hkv * d * 4 < (1 << 30) else 1  # past L2; 4 GB: one is plenty
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -112,10 +113,14 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool,
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
     splits = -(-ctx // chunk)
+    if dynamic:  # as ops.decode_attention sizes it: the CTAs that fill the GPU
+        per_sm = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)[1]
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        splits = max(1, min(sms * per_sm // (batch * hkv), splits))
     part = torch.zeros(batch, hq, splits, d, device="cuda")
     lse = torch.zeros(batch, hq, splits, device="cuda")
     out = torch.empty_like(q)
-    counters = torch.zeros(batch * hkv, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(2 * batch * hkv, dtype=torch.int32, device="cuda")
     fn = _cache.get(spec)
     runs = []
     for i in range(repeats + 1):
@@ -129,7 +134,8 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool,
     per_sm = torch.bincount(sms)
     runs.sort(key=lambda r: float(r[:, 4].max()))
     nbytes = batch * ctx * hkv * d * 2 * 2
-    name = (f"b{batch} chunk {chunk} t{threads} s{stages}{' lines' if lines else ''}")
+    name = (f"b{batch} {'dynamic' if dynamic else f'chunk {chunk}'} t{threads} s{stages}"
+            f"{' lines' if lines else ''}")
     spans = ", ".join(f"{float(r[:, 4].max()) / 1e3:.1f}" for r in runs)
     print(f"{name}: spans {spans} µs; {int((per_sm > 0).sum())} SMs, at most "
           f"{int(per_sm.max())} CTAs on one; the median run:", flush=True)

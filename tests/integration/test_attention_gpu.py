@@ -95,6 +95,47 @@ def test_tensor_core_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) 
 
 
 @pytest.mark.parametrize("lines", [False, True])
+@pytest.mark.parametrize(("lens", "threads"), [
+    ([32768], 256),                 # batch 1: 33 CTAs a KV head share 2048 tiles
+    ([5000, 1234, 1, 700], 128),    # ragged: the last tiles end mid-page; one token
+    ([40], 256),                    # 3 tiles: most CTAs take none (empty partials)
+    ([4096] * 64, 128),             # batch 64: one CTA a (sequence, KV head)
+])
+def test_the_dynamic_split_gives_the_same_answer(lens: list[int], threads: int,
+                                                 lines: bool) -> None:
+    # three calls in a row: the last CTA done must re-arm the counters each time
+    q, k, v, table, seq = paged_case(lens, 16, 4, seed=21)
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    for _ in range(3):
+        out = torch.full_like(q, float("nan"))
+        ops.decode_attention(q, k, v, table, seq, max_len=max(lens), out=out, mma=True,
+                             threads=threads, stages=2, lines=lines, dynamic=True)
+        assert ref.rel_err(out, want) < ref.BF16_TOL
+
+
+def test_the_dynamic_split_replays_in_a_cuda_graph_with_pdl() -> None:
+    q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=6)
+    out = torch.empty_like(q)
+
+    def step() -> None:
+        ops.decode_attention(q, k, v, table, seq, max_len=8192, out=out, mma=True,
+                             threads=256, stages=2, lines=True, dynamic=True, pdl=True)
+
+    step()  # loaded outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(BF))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ref.rel_err(out, ref.paged_decode_attention(q, k, v, table, seq)) < ref.BF16_TOL
+    with pytest.raises(KernelsError, match="dynamic takes mma"):
+        ops.decode_attention(q, k, v, table, seq, max_len=8192, dynamic=True)
+
+
+@pytest.mark.parametrize("lines", [False, True])
 @pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize(("chunk", "threads", "stages"),
                          [(64, 128, 3), (512, 128, 2), (256, 64, 4), (2048, 256, 2),

@@ -233,6 +233,15 @@ def test_tensor_core_attention_shape_rules() -> None:
     # the stamping diagnostic: GQA only, a key of its own (its outputs are not attention)
     tl = decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, timeline=True)
     assert tl.key().endswith("-tl1") and tl.key() != lines.key()
+    dyn = decode_attention_spec(128, 4, 16, 128, direct=False, mma=True, threads=256,
+                                stages=2, dynamic=True)
+    assert dyn.key() == "decodeattn-d128-g4-p16-c128-t256-mma1-st2-direct0-dyn1"
+    for bad in ({"stages": 3}, {"stages": 2, "direct": True}, {"stages": 2, "fresh": True},
+                {"stages": 2, "merge": True}):
+        with pytest.raises(KernelsError, match="dynamic splits GQA"):
+            decode_attention_spec(128, 4, 16, 128, **{"direct": False, **bad}, mma=True,
+                                  threads=256, dynamic=True)
+    assert attention_combine_spec(128, 128, every=True).key().endswith("-all1")
     with pytest.raises(KernelsError, match="timeline stamps GQA"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, merge=True,
                               timeline=True)
