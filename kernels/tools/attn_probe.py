@@ -114,9 +114,9 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dyn
     q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
     splits = -(-ctx // chunk)
     if dynamic:  # as ops.decode_attention sizes it: the CTAs that fill the GPU
-        per_sm = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)[1]
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        splits = max(1, min(sms * per_sm // (batch * hkv), splits))
+        fit = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)[1]
+        n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        splits = max(1, min(n_sms * fit // (batch * hkv), splits))
     part = torch.zeros(batch, hq, splits, d, device="cuda")
     lse = torch.zeros(batch, hq, splits, device="cuda")
     out = torch.empty_like(q)
