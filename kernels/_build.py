@@ -120,10 +120,14 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
     if spec.kind == "attn_combine":
         d = int(g("d"))
         b, hq, splits = (cute.sym_int() for _ in range(3))
-        fn = _cute_attention.AttentionCombine(d, int(g("c")), int(g("t")), bool(g("pdl", False)),
-                                              bool(g("all", False)))
-        return fn, (_t(Float32, (b, hq, splits, d)), _t(Float32, (b, hq, splits)),
-                    _t(Int32, (b,)), _t(BFloat16, (b, hq, d)), stream)
+        tensors = (_t(Float32, (b, hq, splits, d)), _t(Float32, (b, hq, splits)),
+                   _t(Int32, (b,)), _t(BFloat16, (b, hq, d)))
+        if g("all", False):  # + the dynamic split's tile counters, re-armed here
+            fn = _cute_attention.AttentionCombineEvery(d, int(g("c")), int(g("t")),
+                                                       bool(g("pdl", False)))
+            return fn, (*tensors, _t(Int32, (cute.sym_int(),)), stream)
+        fn = _cute_attention.AttentionCombine(d, int(g("c")), int(g("t")), bool(g("pdl", False)))
+        return fn, (*tensors, stream)
     raise KernelsError(f"unknown kernel kind {spec.kind!r}")
 
 

@@ -346,13 +346,19 @@ class AttentionCombine:
 
     @cute.jit
     def __call__(self, mOP, mLse, mLen, mO, stream):
+        self.launch(mOP, mLse, mLen, mO, mLen, stream)  # no counters: mLen stands in
+
+    @cute.jit
+    def launch(self, mOP, mLse, mLen, mO, mCnt, stream):
         b, hq = mO.shape[0], mO.shape[1]
         smem = self.R * (self.D + 2) * 4 + 64
-        self.kernel(mOP, mLse, mLen, mO).launch(grid=[hq, b, 1], block=[self.T, 1, 1],
-                                                smem=smem, stream=stream, use_pdl=self.pdl)
+        self.kernel(mOP, mLse, mLen, mO, mCnt).launch(
+            grid=[hq, b, 1], block=[self.T, 1, 1], smem=smem, stream=stream,
+            use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mOP: cute.Tensor, mLse: cute.Tensor, mLen: cute.Tensor, mO: cute.Tensor):
+    def kernel(self, mOP: cute.Tensor, mLse: cute.Tensor, mLen: cute.Tensor, mO: cute.Tensor,
+               mCnt: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         hq, b, _ = cute.arch.block_idx()
         D: cutlass.Constexpr = self.D
@@ -371,6 +377,12 @@ class AttentionCombine:
         n = mOP.shape[2]
         if cutlass.const_expr(not self.every):
             n = (mLen[b] + self.C - 1) // self.C
+        else:
+            # the dynamic split's tile counters of this sequence, re-armed for the next
+            # step (every CTA of the attention is done: stream order, or PDL's wait)
+            hkv = mCnt.shape[0] // mO.shape[0]
+            if hq == 0 and tidx < hkv:
+                mCnt[b * hkv + tidx] = Int32(0)
         top = Float32(NEG_INIT)
         den = Float32(0.0)
         acc = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
@@ -408,6 +420,19 @@ class AttentionCombine:
                     tot = tot + w * s_ml[r, 1]
                     num = num + w * s_acc[r, d]
                 mO[b, hq, d] = (num / tot).to(BFloat16)
+
+
+class AttentionCombineEvery(AttentionCombine):
+    """:class:`AttentionCombine` over every partial (one per CTA of the dynamic split,
+    whatever the length), which also zeroes the split's tile counters ``cnt [B * Hkv]``
+    int32 for the next step."""
+
+    def __init__(self, head_dim: int, chunk: int, threads: int, pdl: bool = False) -> None:
+        super().__init__(head_dim, chunk, threads, pdl, every=True)
+
+    @cute.jit
+    def __call__(self, mOP, mLse, mLen, mO, mCnt, stream):
+        self.launch(mOP, mLse, mLen, mO, mCnt, stream)
 
 
 class DecodeAttentionMma:
@@ -676,24 +701,34 @@ class DecodeAttentionMma:
         16-token tiles, so a CTA on a slower SM takes fewer (a static chunk each leaves the
         fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
         (no atomic on the ramp); later ones come one at a time from the (sequence, KV head)
-        counter ``mCnt[ci]``, taken during the math of the tile before and landing in
-        ``cp.async`` one tile ahead (two stages). The CTA's state covers whatever it took,
-        written as one partial (slot ``split``); the last CTA done (``mCnt[half + ci]``)
-        re-arms both counters. Returns the timeline's stamps (prologue, first tile, last)."""
+        counter ``mCnt[ci]``. A tile is taken two iterations before its ``cp.async`` (the
+        atomic has an iteration to return, its page id the next one, beside the data in
+        flight), with two stages. The CTA's state covers whatever it took, written as one
+        partial (slot ``split``); :class:`AttentionCombineEvery` re-arms the counters.
+        Returns the timeline's stamps (prologue, first tile, last)."""
         P: cutlass.Constexpr = self.P
         WH: cutlass.Constexpr = self.WH
         DVS: cutlass.Constexpr = self.DVS
         slots = mOP.shape[2]
-        half = mCnt.shape[0] // 2  # grab counters, then done counters
         ci = b * mK.shape[2] + kvh
         n_tiles = (seq_len + 15) // 16
         fixed = 2 * slots * WH  # tiles dealt out before any is taken
         k0 = split * WH + warp
         k1 = k0 + slots * WH
-        p0 = Int32(0)
-        p1 = Int32(0)
+        stamp1 = Int32(0)
+        if cutlass.const_expr(self.TL):
+            stamp1 = cute.arch.globaltimer_lo()
+        stamp2 = stamp1
         if k0 < n_tiles:
-            p0 = mBT[b, (16 * k0) // P]
+            self.issue_page(mK, mV, s_kv, mBT[b, (16 * k0) // P], (16 * k0) % P, 16 * k0,
+                            seq_len, kvh, sl, 0, warp, lane)
+        cute.arch.cp_async_commit_group()
+        # the third tile taken now; the second's page id read while the first flies
+        raw2 = Int32(0)
+        if lane == 0 and k1 < n_tiles:
+            raw2 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
+                                        scope="gpu")
+        p1 = Int32(0)
         if k1 < n_tiles:
             p1 = mBT[b, (16 * k1) // P]
         acc_o = []
@@ -705,14 +740,6 @@ class DecodeAttentionMma:
         run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
         run_max.fill(NEG_INIT)
         run_sum.fill(0.0)
-        stamp1 = Int32(0)
-        if cutlass.const_expr(self.TL):
-            stamp1 = cute.arch.globaltimer_lo()
-        stamp2 = stamp1
-        if 16 * k0 < seq_len:
-            self.issue_page(mK, mV, s_kv, p0, (16 * k0) % P, 16 * k0, seq_len, kvh, sl, 0,
-                            warp, lane)
-        cute.arch.cp_async_commit_group()
         it = Int32(0)
         while k0 < n_tiles:
             cute.arch.cp_async_wait_group(0)
@@ -721,24 +748,29 @@ class DecodeAttentionMma:
             if cutlass.const_expr(self.TL):  # noqa: SIM102
                 if it == 0:
                     stamp2 = cute.arch.globaltimer_lo()
-            if 16 * k1 < seq_len:
+            if k1 < n_tiles:
                 self.issue_page(mK, mV, s_kv, p1, (16 * k1) % P, 16 * k1, seq_len, kvh, sl,
                                 (it + 1) % 2, warp, lane)
             cute.arch.cp_async_commit_group()
-            # the tile after next: the atomic in flight during this tile's math
-            raw = Int32(0)
-            if lane == 0:
-                raw = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
-                                           scope="gpu")
+            # the tile three ahead taken (in flight during this tile's math); the one two
+            # ahead, taken an iteration ago, gets its page id
+            raw3 = Int32(0)
+            if lane == 0 and k1 < n_tiles:
+                raw3 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
+                                            scope="gpu")
             self.tile(atom, q_lo, q_hi, s_q, s_kv, it % 2, warp, lane, acc_o, run_max,
                       run_sum, 16 * k0, seq_len, qscale)
-            k2 = fixed + cute.arch.shuffle_sync(raw, 0)
+            # past the tiles (k1 out): no take was made, and none is needed
+            k2 = n_tiles
+            if k1 < n_tiles:
+                k2 = fixed + cute.arch.shuffle_sync(raw2, 0)
             p2 = Int32(0)
             if k2 < n_tiles:
                 p2 = mBT[b, (16 * k2) // P]
             k0 = k1
             k1 = k2
             p1 = p2
+            raw2 = raw3
             it = it + 1
         cute.arch.cp_async_wait_group(0)
         stamp3 = stamp1
@@ -746,15 +778,6 @@ class DecodeAttentionMma:
             stamp3 = cute.arch.globaltimer_lo()
         self.epilogue(acc_o, run_max, run_sum, s_acc, s_ml, mOP, mLse, mO, b, kvh, sl, split,
                       warp, g, t, tidx)
-        cute.arch.fence_acq_rel_gpu()  # every take of this CTA before its count
-        cute.arch.sync_threads()
-        if tidx == 0:
-            old = cute.arch.atomic_add(mCnt.iterator + half + ci, Int32(1), sem="acq_rel",
-                                       scope="gpu")
-            if old == slots - 1:  # every CTA of this (sequence, KV head) is done
-                cute.arch.atomic_exch(mCnt.iterator + ci, Int32(0), sem="relaxed", scope="gpu")
-                cute.arch.atomic_exch(mCnt.iterator + half + ci, Int32(0), sem="relaxed",
-                                      scope="gpu")
         return stamp1, stamp2, stamp3
 
     @cute.jit

@@ -400,15 +400,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lse = _scratch("attn-lse", q.device, torch.float32, b * hq * splits).view(b, hq, splits)
     kn = k_new if k_new is not None else q[:, :hkv]  # unread without fresh
     vn = v_new if v_new is not None else q[:, :hkv]
-    if mma:  # + the per-(sequence, KV head) counters the merging CTA re-arms (dynamic:
-        # the tiles taken, then the CTAs done; the last one done re-arms both)
-        counters = (_scratch("attn-dynamic", q.device, torch.int32, 2 * b * hkv) if dynamic
-                    else _scratch("attn-count", q.device, torch.int32, b * hkv))
+    if mma:  # + the per-(sequence, KV head) counters: the merging CTA re-arms them, or
+        # (dynamic: the tiles taken) the combine does
+        counters = _scratch("attn-dynamic" if dynamic else "attn-count", q.device,
+                            torch.int32, b * hkv)
         _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
                          counters, qscale)
     else:
         _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
                          qscale)
-    if combine is not None:
+    if dynamic and combine is not None:
+        _cache.get(combine)(part, lse, seq_lens, o, counters)
+    elif combine is not None:
         _cache.get(combine)(part, lse, seq_lens, o)
     return o
