@@ -501,9 +501,11 @@ class DecodeAttentionMma:
         splits = mOP.shape[2]
         smem = mma_attention_smem(self.D, self.G, self.P, self.C, self.W, self.S, self.DV,
                                   self.latent)
+        grid = [splits, hkv // self.HC * self.NSL, b]
+        if cutlass.const_expr(self.DYN):  # every head's first CTA launched before any second
+            grid = [hkv // self.HC * self.NSL, b, splits]
         self.kernel(mQ, mK, mV, mBT, mLen, mOP, mLse, mO, mKN, mVN, mCnt, qscale).launch(
-            grid=[splits, hkv // self.HC * self.NSL, b], block=[self.T, 1, 1], smem=smem,
-            stream=stream, use_pdl=self.pdl)
+            grid=grid, block=[self.T, 1, 1], smem=smem, stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def issue(self, mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k, stage, warp, lane):
@@ -561,6 +563,8 @@ class DecodeAttentionMma:
                mKN: cute.Tensor, mVN: cute.Tensor, mCnt: cute.Tensor, qscale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         split, hy, b = cute.arch.block_idx()
+        if cutlass.const_expr(self.DYN):
+            hy, b, split = cute.arch.block_idx()
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         kv0 = hy // self.NSL  # the CTA's first KV head

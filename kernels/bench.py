@@ -169,11 +169,12 @@ class Report:
         self.variants: list[dict[str, Any]] = []
         self.floors: list[dict[str, Any]] = []
 
-    def check(self, name: str, err: float, tol: float) -> None:
+    def check(self, name: str, err: float, tol: float) -> bool:
         ok = err <= tol
         self.checks.append({"name": name, "rel_err": err, "tol": tol, "ok": ok})
         if not ok:
             print(f"  CHECK FAILED {name}: rel err {err:.3g} > {tol:g}", flush=True)
+        return ok
 
     def op(self, name: str, batch: int, nbytes: int, ours: float | None, torch_us: float,
            k_ours: int | None, k_torch: int, note: str = "") -> None:
@@ -498,7 +499,9 @@ def _best_tile(rep: Report, op: str, check: str, batch: int, tiles: Sequence[tup
         except Exception as exc:  # a variant missing from the AOT cache: skip, say so
             print(f"  skip {op} {name}: {str(exc)[:120]}", flush=True)
             continue
-        rep.check(f"{check} {name}", reference.rel_err(outs[0], want), reference.BF16_TOL)
+        if not rep.check(f"{check} {name}", reference.rel_err(outs[0], want),
+                         reference.BF16_TOL):
+            continue  # a wrong answer is never the fastest
         us = graph_us([partial(call, i, tile) for i in range(sets)])
         rep.variants.append({"op": op, "rows": batch,
                              "variant": name + (" (auto)" if is_auto(tile) else ""), "us": us})
@@ -533,27 +536,31 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
     # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA, key lines,
-    # dynamic): CUDA-core tiles, tensor-core ones, those whose last CTA merges the chunks
-    # (split contexts only), those whose CTA reads every KV head of its chunk (whole
-    # pages), those copying keys in whole lines, and the dynamic split (CTAs taking
-    # tiles from a shared counter: no chunk)
-    tiles = [(c, t, u, p, False, 3, False, 1, False, False)
+    # dynamic CTAs a head or 0): CUDA-core tiles, tensor-core ones, those whose last CTA
+    # merges the chunks (split contexts only), those whose CTA reads every KV head of its
+    # chunk (whole pages), those copying keys in whole lines, and the dynamic split (CTAs
+    # taking tiles from a shared counter: no chunk)
+    tiles = [(c, t, u, p, False, 3, False, 1, False, 0)
              for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
     for kh, mma_tiles in ((1, ATTN_MMA_TILES), (ATTN_ALL_HEADS, ATTN_HEADS_TILES)):
-        tiles += [(c, t, 4, False, True, st, mg, kh, kl, False)
+        tiles += [(c, t, 4, False, True, st, mg, kh, kl, 0)
                   for c, (t, st), mg, kl in itertools.product(ATTN_CHUNKS, mma_tiles,
                                                               (False, True), (False, True))
                   if c % mma_chunk_rules(d, hq // hkv, page, t, st, d, False, kv_heads=kh)[0]
                   == 0 and not (mg and c >= ctx)]
     tiles = [tl for tl in tiles if tl[0] == auto
              or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
-    tiles += [(0, t, 4, False, True, 2, False, 1, kl, True)
-              for (t, st), kl in itertools.product(ATTN_MMA_TILES, (False, True)) if st == 2]
+    for (t, st), kl in itertools.product(ATTN_MMA_TILES, (False, True)):
+        if st == 2:  # as many CTAs a (sequence, KV head) as fill the GPU, and twice that
+            fill = max(1, rep.ceil.sms * mma_chunk_rules(d, hq // hkv, page, t, st, d,
+                                                         False)[1] // (batch * hkv))
+            tiles += [(0, t, 4, False, True, 2, False, 1, kl, n) for n in (fill, 2 * fill)]
 
     def tag(tl: tuple[Any, ...]) -> str:
         c, threads, unroll, pipe, mma, stages, merge, kh, kl, dyn = tl
-        return ((f"chunk {c}" if not dyn else "dynamic") + f" mma t{threads} s{stages}"
-                + (" merge" if merge else "") + (f" {kh} heads a CTA" if kh > 1 else "")
+        return ((f"dynamic {dyn} a head" if dyn else f"chunk {c}")
+                + f" mma t{threads} s{stages}" + (" merge" if merge else "")
+                + (f" {kh} heads a CTA" if kh > 1 else "")
                 + (" lines" if kl else "") if mma
                 else f"chunk {c} t{threads} u{unroll}" + (" pipe" if pipe else ""))
 
@@ -562,7 +569,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
                                     out=outs[i], chunk=tl[0] or None, threads=tl[1],
                                     unroll=tl[2], pipe=tl[3], mma=tl[4], stages=tl[5],
                                     merge=tl[6], kv_heads_per_cta=tl[7], lines=tl[8],
-                                    dynamic=tl[9], pdl=pdl)
+                                    dynamic=bool(tl[9]), dynamic_ctas=tl[9], pdl=pdl)
 
     best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
                       tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)
@@ -743,9 +750,11 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
                         setattr(lay, k, v)
                 try:
                     got = MoELayer.result(layers[0].fused(x0, r0, kv0))
-                    rep.check(f"layer b{b} ctx{ctx} fused {tag}",
-                              reference.rel_err(got, layers[0].reference(
-                                  x0, r0, layers[0].last_ids, kv=kv0)), reference.BF16_TOL)
+                    if not rep.check(f"layer b{b} ctx{ctx} fused {tag}",
+                                     reference.rel_err(got, layers[0].reference(
+                                         x0, r0, layers[0].last_ids, kv=kv0)),
+                                     reference.BF16_TOL):
+                        continue  # a wrong answer is never the fastest
                     us = graph_us([stack("fused")], min_calls=1) / depth
                 except Exception as exc:  # a variant missing from the AOT cache: say so
                     print(f"  skip layer {tag}: {str(exc)[:120]}", flush=True)

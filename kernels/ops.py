@@ -319,7 +319,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
                      mma: bool = False, stages: int = 3, merge: bool = False,
                      kv_heads_per_cta: int = 1, lines: bool = False,
-                     dynamic: bool = False) -> torch.Tensor:
+                     dynamic: bool = False, dynamic_ctas: int = 0) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -342,7 +342,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     barrier. ``dynamic`` (with ``mma``, 2 stages, no ``k_new``): instead of a chunk each,
     the CTAs of a (sequence, KV head) -- as many as fill the GPU -- take its 16-token
     tiles from a shared counter, so SMs that stream slower take fewer (``chunk`` and
-    ``merge`` do not apply; a combine always follows).
+    ``merge`` do not apply; a combine always follows). ``dynamic_ctas``: that many CTAs
+    a (sequence, KV head) instead (more than fill the GPU: later ones start as earlier
+    ones finish, and help whichever head they belong to).
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -376,8 +378,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             raise KernelsError("dynamic takes mma, and neither k_new, merge nor chunk")
         c = step  # nominal: one iteration's tokens
         # as many CTAs per (sequence, KV head) as fill the GPU, no more than its tiles
-        splits = max(1, min(_sms(q.device) * per_sm // (b * hkv),
-                            -(-max_len // step)))
+        fill = dynamic_ctas or _sms(q.device) * per_sm // (b * hkv)
+        splits = max(1, min(fill, -(-max_len // step)))
     else:
         c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
                                      ctas_per_sm=per_sm)

@@ -242,18 +242,21 @@ def mla_variants() -> list[KernelSpec]:
 
 
 #: tiles ``attn_probe --timeline`` stamps, as (batch, chunk, threads, stages, lines,
-#: dynamic) at a 32k context over the attention bench's shape (16 q / 4 KV heads of 128,
-#: pages of 16); a dynamic tile's chunk is one iteration's tokens
-TIMELINE_TILES = ((1, 1024, 256, 2, True, False), (1, 512, 128, 2, True, False),
-                  (1, 128, 256, 2, True, True), (1, 64, 128, 2, True, True),
-                  (64, 32768, 128, 2, True, False), (64, 64, 128, 2, True, True))
+#: dynamic CTAs a (sequence, KV head) or 0) at a 32k context over the attention bench's
+#: shape (16 q / 4 KV heads of 128, pages of 16); a dynamic tile's chunk is one
+#: iteration's tokens (33 CTAs a head of 4 fill 132 SMs at one 8-warp CTA each)
+TIMELINE_TILES = ((1, 1024, 256, 2, True, 0), (1, 512, 128, 2, True, 0),
+                  (1, 128, 256, 2, True, 33), (1, 128, 256, 2, True, 66),
+                  (1, 64, 128, 2, True, 66), (64, 32768, 128, 2, True, 0),
+                  (64, 64, 128, 2, True, 2))
 TIMELINE_CONTEXT = 32768
 
 
 def timeline_specs() -> list[KernelSpec]:
     """The diagnostic variants of :data:`TIMELINE_TILES` (their outputs carry stamps)."""
     return [decode_attention_spec(128, 4, 16, c, direct=c >= TIMELINE_CONTEXT, threads=t,
-                                  stages=st, mma=True, lines=kl, timeline=True, dynamic=dyn)
+                                  stages=st, mma=True, lines=kl, timeline=True,
+                                  dynamic=dyn > 0)
             for _b, c, t, st, kl, dyn in TIMELINE_TILES]
 
 

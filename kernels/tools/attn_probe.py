@@ -26,7 +26,6 @@ from agentload.kernels import _cache, ops
 from agentload.kernels import ceilings as ceil_mod
 from agentload.kernels.bench import copy_same_bytes_us, graph_us, kernel_times, pct_of_copy
 from agentload.kernels.presets import TIMELINE_CONTEXT, TIMELINE_TILES, timeline_specs
-from agentload.kernels.specs import mma_chunk_rules
 
 WRAP = 1 << 24  #: the stamps keep the timer's low 24 bits (exact in a float32)
 PHASES = ("prologue", "first tile", "stream", "epilogue")
@@ -95,7 +94,7 @@ def timeline_report(rel: torch.Tensor, nbytes: int) -> str:
     return "\n".join(lines)
 
 
-def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dynamic: bool,
+def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dynamic: int,
              repeats: int = 5) -> None:
     """Runs one stamping variant ``repeats`` times (KV past L2 each time) and prints the
     phases of the median-span run."""
@@ -113,10 +112,8 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dyn
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
     splits = -(-ctx // chunk)
-    if dynamic:  # as ops.decode_attention sizes it: the CTAs that fill the GPU
-        fit = mma_chunk_rules(d, hq // hkv, page, threads, stages, d, False)[1]
-        n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-        splits = max(1, min(n_sms * fit // (batch * hkv), splits))
+    if dynamic:  # that many CTAs a (sequence, KV head)
+        splits = dynamic
     part = torch.zeros(batch, hq, splits, d, device="cuda")
     lse = torch.zeros(batch, hq, splits, device="cuda")
     out = torch.empty_like(q)
@@ -135,7 +132,8 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dyn
     per_sm = torch.bincount(sms)
     runs.sort(key=lambda r: float(r[:, 4].max()))
     nbytes = batch * ctx * hkv * d * 2 * 2
-    name = (f"b{batch} {'dynamic' if dynamic else f'chunk {chunk}'} t{threads} s{stages}"
+    name = (f"b{batch} {f'dynamic {dynamic} a head' if dynamic else f'chunk {chunk}'} "
+            f"t{threads} s{stages}"
             f"{' lines' if lines else ''}")
     spans = ", ".join(f"{float(r[:, 4].max()) / 1e3:.1f}" for r in runs)
     print(f"{name}: spans {spans} µs; {int((per_sm > 0).sum())} SMs, at most "

@@ -95,21 +95,24 @@ def test_tensor_core_attention_matches_sdpa(lens: list[int], hq: int, hkv: int) 
 
 
 @pytest.mark.parametrize("lines", [False, True])
-@pytest.mark.parametrize(("lens", "threads"), [
-    ([32768], 256),                 # batch 1: 33 CTAs a KV head share 2048 tiles
-    ([5000, 1234, 1, 700], 128),    # ragged: the last tiles end mid-page; one token
-    ([40], 256),                    # 3 tiles: most CTAs take none (empty partials)
-    ([4096] * 64, 128),             # batch 64: one CTA a (sequence, KV head)
+@pytest.mark.parametrize(("lens", "threads", "ctas"), [
+    ([32768], 256, 0),              # batch 1: 33 CTAs a KV head share 2048 tiles
+    ([32768], 256, 66),             # two waves: the second's CTAs find fewer tiles left
+    ([5000, 1234, 1, 700], 128, 0),  # ragged: the last tiles end mid-page; one token
+    ([40], 256, 0),                 # 3 tiles: most CTAs take none (empty partials)
+    ([4096] * 64, 128, 0),          # batch 64: one CTA a (sequence, KV head)
+    ([4096] * 64, 128, 2),          # two: every head's first CTA launched first
 ])
-def test_the_dynamic_split_gives_the_same_answer(lens: list[int], threads: int,
+def test_the_dynamic_split_gives_the_same_answer(lens: list[int], threads: int, ctas: int,
                                                  lines: bool) -> None:
-    # three calls in a row: the last CTA done must re-arm the counters each time
+    # three calls in a row: the combine must re-arm the counters each time
     q, k, v, table, seq = paged_case(lens, 16, 4, seed=21)
     want = ref.paged_decode_attention(q, k, v, table, seq)
     for _ in range(3):
         out = torch.full_like(q, float("nan"))
         ops.decode_attention(q, k, v, table, seq, max_len=max(lens), out=out, mma=True,
-                             threads=threads, stages=2, lines=lines, dynamic=True)
+                             threads=threads, stages=2, lines=lines, dynamic=True,
+                             dynamic_ctas=ctas)
         assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
