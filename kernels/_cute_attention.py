@@ -47,6 +47,29 @@ def _head_vec(t: object, b: object, head: object, col: object) -> object:
     return cute.local_tile(t, (1, 1, V), (b, head, col))[0, 0, None]
 
 
+def _softmax_state(columns: int) -> tuple[list[object], object, object]:
+    """A warp's fresh online-softmax state: ``columns / 8`` m16n8 accumulators of ``O``
+    (zeros), and the running max and sum of the MMA's two row halves."""
+    acc_o = []
+    for _n in range(columns // 8):
+        a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
+        a.fill(0.0)
+        acc_o.append(a)
+    run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    run_max.fill(NEG_INIT)
+    run_sum.fill(0.0)
+    return acc_o, run_max, run_sum
+
+
+def _lse_weights(top: object, lse: object) -> tuple[object, object, object]:
+    """One more partial (log-sum-exp ``lse``) into a merge whose running max is ``top``:
+    the new max, the factor the sums so far take, and the partial's weight."""
+    new_top = cute.arch.fmax(top, lse)
+    return (new_top, cute.math.exp2(top - new_top, fastmath=True),
+            cute.math.exp2(lse - new_top, fastmath=True))
+
+
 @cute.jit
 def _online_softmax(acc_s, acc_o, run_max, run_sum, base, stop, qscale, t, hi: bool):
     """One 16-token tile's scores (``acc_s``: two ``m16n8k16`` accumulators, c0, c1 =
@@ -392,9 +415,7 @@ class AttentionCombine:
             part = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
             cute.autovec_copy(cute.local_tile(mOP, (1, 1, 1, E), (b, hq, s, li))[0, 0, 0, None],
                               part)
-            new_top = cute.arch.fmax(top, lse)
-            corr = cute.math.exp2(top - new_top, fastmath=True)
-            w = cute.math.exp2(lse - new_top, fastmath=True)
+            new_top, corr, w = _lse_weights(top, lse)
             den = den * corr + w
             for v in cutlass.range_constexpr(E):
                 acc[v] = acc[v] * corr + w * part[v]
@@ -649,15 +670,7 @@ class DecodeAttentionMma:
                 if cutlass.const_expr(self.TL):
                     stamp1 = cute.arch.globaltimer_lo()
                 # O: n-tile (block, i) holds columns 64 block + 8 j + i, j = 2t, 2t + 1.
-                acc_o = []
-                for _n in cutlass.range_constexpr(DVS // 8):
-                    a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
-                    a.fill(0.0)
-                    acc_o.append(a)
-                run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-                run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-                run_max.fill(NEG_INIT)
-                run_sum.fill(0.0)
+                acc_o, run_max, run_sum = _softmax_state(DVS)
                 for k in cutlass.range_constexpr(S - 1):
                     self.issue(mK, mV, s_kv, s_bt, b, kvh, sl, t0, stop, k * WH + wt, k, warp,
                                lane)
@@ -735,15 +748,7 @@ class DecodeAttentionMma:
         p1 = Int32(0)
         if k1 < n_tiles:
             p1 = mBT[b, (16 * k1) // P]
-        acc_o = []
-        for _n in cutlass.range_constexpr(DVS // 8):
-            a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
-            a.fill(0.0)
-            acc_o.append(a)
-        run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        run_max.fill(NEG_INIT)
-        run_sum.fill(0.0)
+        acc_o, run_max, run_sum = _softmax_state(DVS)
         it = Int32(0)
         while k0 < n_tiles:
             cute.arch.cp_async_wait_group(0)
@@ -898,9 +903,7 @@ class DecodeAttentionMma:
                     h = kvh * G + hh
                     lse = mLse[b, h, s]
                     part = mOP[b, h, s, idx - hh * DV]
-                    new_top = cute.arch.fmax(tops[e], lse)
-                    corr = cute.math.exp2(tops[e] - new_top, fastmath=True)
-                    w = cute.math.exp2(lse - new_top, fastmath=True)
+                    new_top, corr, w = _lse_weights(tops[e], lse)
                     dens[e] = dens[e] * corr + w
                     nums[e] = nums[e] * corr + w * part
                     tops[e] = new_top

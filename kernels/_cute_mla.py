@@ -30,11 +30,11 @@ from cutlass import BFloat16, Float32, Int32
 
 from agentload.kernels._cute import V, _mma_k16, _vec_atom
 from agentload.kernels._cute_attention import (
-    NEG_INIT,
     _cache_vec,
     _head_vec,
     _online_softmax,
     _pv_mma,
+    _softmax_state,
 )
 from agentload.kernels.specs import MLA_ROW_PAD, mla_shared_smem
 
@@ -142,15 +142,7 @@ class DecodeAttentionMla:
                 q_lo.append(lo)
                 q_hi.append(hi)
             cute.arch.sync_threads()  # the page ids
-            acc_o = []
-            for _n in cutlass.range_constexpr(128 // 8):
-                a = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Float32)
-                a.fill(0.0)
-                acc_o.append(a)
-            run_max = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-            run_sum = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-            run_max.fill(NEG_INIT)
-            run_sum.fill(0.0)
+            acc_o, run_max, run_sum = _softmax_state(128)
             for k in cutlass.range_constexpr(S - 1):
                 self.issue(mK, s_tile, s_bt, t0, stop, k, k, tidx)
                 cute.arch.cp_async_commit_group()
