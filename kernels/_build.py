@@ -134,8 +134,16 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
 def compile_spec(spec: KernelSpec, *, keep_ptx: bool = False) -> Any:
     """``cute.compile`` the spec's launcher; returns the TVM-FFI callable."""
     fn, args = _launcher_and_args(spec)
-    opts = "--enable-tvm-ffi" + (" --keep-ptx" if keep_ptx else "")
-    return cute.compile(fn, *args, options=opts)
+    if not keep_ptx:
+        return cute.compile(fn, *args, options="--enable-tvm-ffi")
+    # The DSL dumps the PTX under a name made of the launcher's signature (specs of one
+    # class share it) and reads it back: in the working directory, two compiles running
+    # at once would read each other's. A directory of its own for each.
+    with tempfile.TemporaryDirectory(prefix="agentload-ptx-") as tmp:
+        compiled = cute.compile(fn, *args,
+                                options=f"--enable-tvm-ffi --keep-ptx --dump-dir={tmp}")
+        compiled.__ptx__  # noqa: B018 (read while the file is there)
+        return compiled
 
 
 def runtime_libraries() -> list[str]:

@@ -47,6 +47,22 @@ def _head_vec(t: object, b: object, head: object, col: object) -> object:
     return cute.local_tile(t, (1, 1, V), (b, head, col))[0, 0, None]
 
 
+def _append_token(mKN, mVN, mK, mV, mBT, b, head, col, seq_len, page: int) -> None:
+    """The step's own key and value (vector ``col`` of ``head`` in ``k_new``/``v_new``)
+    written to the cache at token ``seq_len - 1``: vLLM's ``reshape_and_cache``, folded
+    into the attention kernel."""
+    last = seq_len - 1
+    lp = last // page
+    ld = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
+    kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+    vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
+    cute.copy(ld, _head_vec(mKN, b, head, col), kn)
+    cute.copy(ld, _head_vec(mVN, b, head, col), vn)
+    st = _vec_atom()
+    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * page, head, col))
+    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * page, head, col))
+
+
 def _softmax_state(columns: int) -> tuple[list[object], object, object]:
     """A warp's fresh online-softmax state: ``columns / 8`` m16n8 accumulators of ``O``
     (zeros), and the running max and sum of the MMA's two row halves."""
@@ -274,15 +290,7 @@ class DecodeAttention:
                 # The CTA whose chunk holds the step's token appends its key and value to
                 # the cache (vLLM's reshape_and_cache, folded in); no CTA reads that slot.
                 if stop == seq_len and tidx < LT:
-                    last = seq_len - 1
-                    lp = last // P
-                    kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                    cute.copy(ld_q, _head_vec(mKN, b, kvh, tidx), kn)
-                    cute.copy(ld_q, _head_vec(mVN, b, kvh, tidx), vn)
-                    st = _vec_atom()
-                    cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, kvh, tidx))
-                    cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, kvh, tidx))
+                    _append_token(mKN, mVN, mK, mV, mBT, b, kvh, tidx, seq_len, P)
             if cutlass.const_expr(self.pipe):  # the next iteration's keys and values
                 kbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
                 vbuf = cute.make_rmem_tensor(cute.make_layout((U, V), stride=(V, 1)), BFloat16)
@@ -608,7 +616,6 @@ class DecodeAttentionMma:
         WH: cutlass.Constexpr = self.WH
         g = lane // 4
         t = lane - g * 4
-        ld_q = _vec_atom(cute.nvgpu.LoadCacheMode.ALWAYS)
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
         smem = cutlass.utils.SmemAllocator()
         s_kv = smem.allocate_tensor(
@@ -652,20 +659,12 @@ class DecodeAttentionMma:
                     # The step's own key and value go to the cache first; the barrier below
                     # makes them visible to this CTA's cp.async reads (through L2).
                     if stop == seq_len and tidx < self.HC * (D // V):
-                        last = seq_len - 1
-                        lp = last // P
                         nh = kv0  # the CTA's KV head whose column this thread appends
                         col = tidx
                         if cutlass.const_expr(self.HC > 1):
                             nh = kv0 + tidx // (D // V)
                             col = tidx % (D // V)
-                        kn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                        vn = cute.make_rmem_tensor(cute.make_layout((V,)), BFloat16)
-                        cute.copy(ld_q, _head_vec(mKN, b, nh, col), kn)
-                        cute.copy(ld_q, _head_vec(mVN, b, nh, col), vn)
-                        st = _vec_atom()
-                        cute.copy(st, kn, _cache_vec(mK, mBT[b, lp], last - lp * P, nh, col))
-                        cute.copy(st, vn, _cache_vec(mV, mBT[b, lp], last - lp * P, nh, col))
+                        _append_token(mKN, mVN, mK, mV, mBT, b, nh, col, seq_len, P)
                 cute.arch.sync_threads()  # page ids, the step's own key and Q's fragments
                 if cutlass.const_expr(self.TL):
                     stamp1 = cute.arch.globaltimer_lo()
