@@ -405,15 +405,15 @@ class AttentionCombine:
                                     byte_alignment=16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-        n = mOP.shape[2]
-        if cutlass.const_expr(not self.every):
-            n = (mLen[b] + self.C - 1) // self.C
-        else:
+        if cutlass.const_expr(self.every):
+            n = mOP.shape[2]
             # the dynamic split's tile counters of this sequence, re-armed for the next
             # step (every CTA of the attention is done: stream order, or PDL's wait)
             hkv = mCnt.shape[0] // mO.shape[0]
             if hq == 0 and tidx < hkv:
                 mCnt[b * hkv + tidx] = Int32(0)
+        else:
+            n = (mLen[b] + self.C - 1) // self.C
         top = Float32(NEG_INIT)
         den = Float32(0.0)
         acc = cute.make_rmem_tensor(cute.make_layout((E,)), Float32)
@@ -496,7 +496,7 @@ class DecodeAttentionMma:
                  dynamic: bool = False) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         # timeline (a diagnostic): thread 0 stamps %globaltimer at the CTA's phases and
-        # writes the stamps over its first head's partial output (see timeline_stamps)
+        # writes the stamps over its first head's partial output (kernels.tools.attn_probe)
         self.TL = timeline
         # dynamic: the CTAs of a (sequence, KV head) take its tiles from a shared counter
         # (see run_dynamic) instead of a chunk each
@@ -718,10 +718,11 @@ class DecodeAttentionMma:
         fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
         (no atomic on the ramp); later ones come one at a time from the (sequence, KV head)
         counter ``mCnt[ci]``. A tile is taken two iterations before its ``cp.async`` (the
-        atomic has an iteration to return, its page id the next one, beside the data in
-        flight), with two stages. The CTA's state covers whatever it took, written as one
-        partial (slot ``split``); :class:`AttentionCombineEvery` re-arms the counters.
-        Returns the timeline's stamps (prologue, first tile, last)."""
+        atomic has an iteration to return; the tile's page id is read after the next
+        iteration's math, so that ``cp.async`` waits for it), with two stages. The CTA's
+        state covers whatever it took, written as one partial (slot ``split``);
+        :class:`AttentionCombineEvery` re-arms the counters. Returns the timeline's stamps
+        (prologue, first tile, last)."""
         P: cutlass.Constexpr = self.P
         WH: cutlass.Constexpr = self.WH
         DVS: cutlass.Constexpr = self.DVS
