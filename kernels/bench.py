@@ -519,7 +519,12 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
         ATTN_MMA_TILES,
         ATTN_TILES,
     )
-    from agentload.kernels.specs import ATTN_CHUNKS, attention_chunk, mma_chunk_rules
+    from agentload.kernels.specs import (
+        ATTN_CHUNKS,
+        attention_chunk,
+        dynamic_fill_ctas,
+        mma_chunk_rules,
+    )
 
     hq, hkv, d, page = ATTN_HEADS
     kv_bytes = batch * ctx * hkv * d * 2 * 2
@@ -552,8 +557,8 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
              or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
     for (t, st), kl in itertools.product(ATTN_MMA_TILES, (False, True)):
         if st == 2:  # as many CTAs a (sequence, KV head) as fill the GPU, and twice that
-            fill = max(1, rep.ceil.sms * mma_chunk_rules(d, hq // hkv, page, t, st, d,
-                                                         False)[1] // (batch * hkv))
+            per_sm = mma_chunk_rules(d, hq // hkv, page, t, st, d, False)[1]
+            fill = dynamic_fill_ctas(batch, hkv, sms=rep.ceil.sms, ctas_per_sm=per_sm)
             tiles += [(0, t, 4, False, True, 2, False, 1, kl, n) for n in (fill, 2 * fill)]
 
     def tag(tl: tuple[Any, ...]) -> str:

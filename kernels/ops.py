@@ -23,6 +23,7 @@ from agentload.kernels.specs import (
     attention_combine_spec,
     check_dims,
     decode_attention_spec,
+    dynamic_fill_ctas,
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
@@ -378,7 +379,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             raise KernelsError("dynamic takes mma, and neither k_new, merge nor chunk")
         c = step  # nominal: one iteration's tokens
         # as many CTAs per (sequence, KV head) as fill the GPU, no more than its tiles
-        fill = dynamic_ctas or _sms(q.device) * per_sm // (b * hkv)
+        fill = dynamic_ctas or dynamic_fill_ctas(b, hkv, sms=_sms(q.device),
+                                                 ctas_per_sm=per_sm)
         splits = max(1, min(fill, -(-max_len // step)))
     else:
         c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
@@ -411,8 +413,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         _cache.get(spec)(q, k_cache, v_cache, block_table, seq_lens, part, lse, o, kn, vn,
                          qscale)
-    if dynamic and combine is not None:
-        _cache.get(combine)(part, lse, seq_lens, o, counters)
-    elif combine is not None:
-        _cache.get(combine)(part, lse, seq_lens, o)
+    if combine is not None:  # the dynamic split's combine also re-arms its counters
+        _cache.get(combine)(part, lse, seq_lens, o, *((counters,) if dynamic else ()))
     return o

@@ -451,6 +451,12 @@ def attention_combine_spec(head_dim: int, chunk: int, *, threads: int = 256,
     return _spec("attn_combine", pdl, d=head_dim, c=chunk, t=threads)
 
 
+def dynamic_fill_ctas(batch: int, kv_heads: int, *, sms: int, ctas_per_sm: int) -> int:
+    """CTAs a (sequence, KV head) of the dynamic split needs to fill the GPU (at least
+    one): ``ctas_per_sm`` on each of ``sms``, shared by every (sequence, KV head)."""
+    return max(1, sms * ctas_per_sm // (batch * kv_heads))
+
+
 def attention_chunk(batch: int, kv_heads: int, max_len: int, *, sms: int = 132,
                     ctas_per_sm: int = 2, step: int = 32) -> int:
     """Split-KV chunk length for a step: the smallest of :data:`ATTN_CHUNKS` (a multiple of

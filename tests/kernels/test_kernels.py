@@ -21,6 +21,7 @@ from agentload.kernels.specs import (
     attention_combine_spec,
     check_dims,
     decode_attention_spec,
+    dynamic_fill_ctas,
     expert_gemm_spec,
     gemv_spec,
     grouped_gemv_spec,
@@ -242,6 +243,12 @@ def test_tensor_core_attention_shape_rules() -> None:
             decode_attention_spec(128, 4, 16, 128, **{"direct": False, **bad}, mma=True,
                                   threads=256, dynamic=True)
     assert attention_combine_spec(128, 128, every=True).key().endswith("-all1")
+    # CTAs a (sequence, KV head) to fill 132 SMs: 33 at batch 1 over 4 KV heads (one
+    # CTA an SM), 66 at two an SM, and never fewer than one however large the batch
+    assert dynamic_fill_ctas(1, 4, sms=132, ctas_per_sm=1) == 33
+    assert dynamic_fill_ctas(1, 4, sms=132, ctas_per_sm=2) == 66
+    assert dynamic_fill_ctas(64, 4, sms=132, ctas_per_sm=2) == 1
+    assert dynamic_fill_ctas(128, 4, sms=132, ctas_per_sm=2) == 1
     with pytest.raises(KernelsError, match="timeline stamps GQA"):
         decode_attention_spec(128, 4, 16, 512, direct=False, mma=True, merge=True,
                               timeline=True)
