@@ -31,20 +31,29 @@ WRAP = 1 << 24  #: the stamps keep the timer's low 24 bits (exact in a float32)
 PHASES = ("prologue", "first tile", "stream", "epilogue")
 
 
-def probe(hkv: int, shuffled: bool, tokens: int, tile: tuple[int, int, int], merge: bool,
-          gbps: float) -> None:
-    g, d, page = 4, 128, 16
-    ctx = tokens // hkv
-    pages = ctx // page
-    sets = 2
+def paged_kv(batch: int, ctx: int, hkv: int, sets: int, *, shuffled: bool = True,
+             d: int = 128, page: int = 16, device: str = "cuda"
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``sets`` random paged key and value caches of ``batch`` sequences of ``ctx``
+    tokens (vLLM's layout), their block table (pages shuffled, or in order) and lengths."""
+    pages = batch * ctx // page
     gen = torch.Generator(device="cpu").manual_seed(1)
-    kc = [torch.randn(pages, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    kc = [torch.randn(pages, page, hkv, d, device=device, dtype=torch.bfloat16)
           for _ in range(sets)]
-    vc = [torch.randn(pages, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vc = [torch.randn(pages, page, hkv, d, device=device, dtype=torch.bfloat16)
           for _ in range(sets)]
     order = torch.randperm(pages, generator=gen) if shuffled else torch.arange(pages)
-    table = order.to(torch.int32).view(1, -1).cuda()
-    lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+    table = order.to(torch.int32).view(batch, -1).to(device)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    return kc, vc, table, lens
+
+
+def probe(hkv: int, shuffled: bool, tokens: int, tile: tuple[int, int, int], merge: bool,
+          gbps: float) -> None:
+    g, d = 4, 128
+    ctx = tokens // hkv
+    sets = 2
+    kc, vc, table, lens = paged_kv(1, ctx, hkv, sets, shuffled=shuffled)
     qs = [torch.randn(1, hkv * g, d, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
     chunk, threads, stages = tile
     c = chunk  # 1 head over 4x the tokens: as many CTAs, as many bytes each
@@ -101,15 +110,8 @@ def timeline(batch: int, chunk: int, threads: int, stages: int, lines: bool, dyn
     hq, hkv, d, page, ctx = 16, 4, 128, 16, TIMELINE_CONTEXT
     spec = next(s for s, t in zip(timeline_specs(), TIMELINE_TILES, strict=True)
                 if t == (batch, chunk, threads, stages, lines, dynamic))
-    pages = batch * ctx // page
     sets = 2 if batch * ctx * hkv * d * 4 < (1 << 30) else 1  # past L2; 4 GB: one is plenty
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    kc = [torch.randn(pages, page, hkv, d, device="cuda", dtype=torch.bfloat16)
-          for _ in range(sets)]
-    vc = [torch.randn(pages, page, hkv, d, device="cuda", dtype=torch.bfloat16)
-          for _ in range(sets)]
-    table = torch.randperm(pages, generator=gen).to(torch.int32).view(batch, -1).cuda()
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    kc, vc, table, lens = paged_kv(batch, ctx, hkv, sets, d=d, page=page)
     q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
     splits = -(-ctx // chunk)
     if dynamic:  # that many CTAs a (sequence, KV head)

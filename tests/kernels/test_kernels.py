@@ -469,3 +469,16 @@ def test_timeline_stamps_unwrap_across_the_timer_wrap() -> None:
     assert "span 22.0 µs" in report and "3000 GB/s" in report
     assert "streaming from 3.0 to 19.0 µs (73% of the span)" in report
     assert "first tile: median   1.50 µs" in report
+
+
+def test_the_probes_paged_kv_covers_every_page_once() -> None:
+    torch = pytest.importorskip("torch")
+    from agentload.kernels.tools.attn_probe import paged_kv
+
+    kc, vc, table, lens = paged_kv(2, 64, 4, 3, device="cpu")  # 2 x 64 tokens: 8 pages
+    assert len(kc) == len(vc) == 3 and kc[0].shape == (8, 16, 4, 128)
+    assert kc[0].dtype == torch.bfloat16 and table.dtype == torch.int32
+    assert table.shape == (2, 4) and sorted(table.view(-1).tolist()) == list(range(8))
+    assert lens.tolist() == [64, 64]
+    _, _, in_order, _ = paged_kv(1, 64, 4, 1, shuffled=False, device="cpu")
+    assert in_order.tolist() == [[0, 1, 2, 3]]
