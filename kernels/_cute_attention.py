@@ -718,8 +718,8 @@ class DecodeAttentionMma:
         fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
         (no atomic on the ramp); later ones come one at a time from the (sequence, KV head)
         counter ``mCnt[ci]``. A tile is taken two iterations before its ``cp.async`` (the
-        atomic has an iteration to return; the tile's page id is read after the next
-        iteration's math, so that ``cp.async`` waits for it), with two stages. The CTA's
+        atomic has an iteration's math to return; the tile's page id is then read before
+        the next iteration's math, which hides its latency), with two stages. The CTA's
         state covers whatever it took, written as one partial (slot ``split``);
         :class:`AttentionCombineEvery` re-arms the counters. Returns the timeline's stamps
         (prologue, first tile, last)."""
@@ -767,15 +767,16 @@ class DecodeAttentionMma:
             if lane == 0 and k1 < n_tiles:
                 raw3 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
                                             scope="gpu")
-            self.tile(atom, q_lo, q_hi, s_q, s_kv, it % 2, warp, lane, acc_o, run_max,
-                      run_sum, 16 * k0, seq_len, qscale)
-            # past the tiles (k1 out): no take was made, and none is needed
+            # the tile two ahead (its atomic returned during the last math) and its page id
+            # in flight during this math; past the tiles (k1 out) no take was made
             k2 = n_tiles
             if k1 < n_tiles:
                 k2 = fixed + cute.arch.shuffle_sync(raw2, 0)
             p2 = Int32(0)
             if k2 < n_tiles:
                 p2 = mBT[b, (16 * k2) // P]
+            self.tile(atom, q_lo, q_hi, s_q, s_kv, it % 2, warp, lane, acc_o, run_max,
+                      run_sum, 16 * k0, seq_len, qscale)
             k0 = k1
             k1 = k2
             p1 = p2

@@ -516,6 +516,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     from agentload.kernels.presets import (
         ATTN_ALL_HEADS,
         ATTN_HEADS_TILES,
+        ATTN_LAYER_SPLITS,
         ATTN_MMA_TILES,
         ATTN_TILES,
     )
@@ -553,8 +554,12 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
                                                               (False, True), (False, True))
                   if c % mma_chunk_rules(d, hq // hkv, page, t, st, d, False, kv_heads=kh)[0]
                   == 0 and not (mg and c >= ctx)]
+    # where the sequences alone fill the GPU, also the layer's finer splits (more chunks
+    # than the GPU holds: the block scheduler balances the SMs' unequal bandwidth)
+    over = batch * hkv >= rep.ceil.sms
     tiles = [tl for tl in tiles if tl[0] == auto
-             or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms]
+             or 64 <= batch * hkv // tl[7] * -(-ctx // tl[0]) <= 4 * rep.ceil.sms
+             or (over and tl[4] and tl[7] == 1 and tl[8] and tl[0] in ATTN_LAYER_SPLITS)]
     for (t, st), kl in itertools.product(ATTN_MMA_TILES, (False, True)):
         if st == 2:  # as many CTAs a (sequence, KV head) as fill the GPU, and twice that
             per_sm = mma_chunk_rules(d, hq // hkv, page, t, st, d, False)[1]
@@ -746,9 +751,9 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             tried = {"default": fus_g}
             base_knobs = {"attention_mma": False, "attention_merge": False,
                           "attention_lines": False, "attention_stages": ATTN_MMA_LAYER[1],
-                          "expert_pass_tiles": 0}
+                          "expert_pass_tiles": 0, "attention_chunk": 0}
             best_knobs = dict(base_knobs)
-            for knobs in layer_knobs(b):
+            for knobs in layer_knobs(b, ctx):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
                 for lay in layers:
                     for k, v in {**base_knobs, **knobs}.items():
@@ -794,12 +799,14 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
     return layers
 
 
-def layer_knobs(batch: int) -> list[dict[str, Any]]:
+def layer_knobs(batch: int, context: int) -> list[dict[str, Any]]:
     """The fused layer's options the benchmark tries beside its defaults: attention on
     tensor cores (its last CTA merging a split context, or a combine kernel after it),
     and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles; on tensor cores
-    also the keys copied in whole lines and the tile's other stage count."""
-    from agentload.kernels.presets import ATTN_LAYER_STAGES
+    also the keys copied in whole lines and the tile's other stage count; and, where the
+    sequences alone fill the GPU, the context split finer than it holds (merged, with
+    lines, experts in passes of 2 tiles)."""
+    from agentload.kernels.presets import ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES
 
     passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
     attention = [(False, False, False, ATTN_MMA_LAYER[1])]
@@ -811,6 +818,11 @@ def layer_knobs(batch: int) -> list[dict[str, Any]]:
             out.append({"attention_mma": mma, "attention_merge": merge,
                         "attention_lines": lines, "attention_stages": stages,
                         "expert_pass_tiles": pt})
+    if batch > GEMV_MAX_ROWS:
+        out += [{"attention_mma": True, "attention_merge": True, "attention_lines": True,
+                 "attention_stages": stages, "expert_pass_tiles": 2, "attention_chunk": c}
+                for c, stages in itertools.product(ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES)
+                if c < context]
     return out
 
 

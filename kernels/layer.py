@@ -21,7 +21,8 @@ The fused path uses this room's kernels at batch <= 64: seven launches at batch 
 eight when the context is split over CTAs and needs the attention combine. At batch
 <= 16 the o-projection carries the residual add and the post-attention RMSNorm (its last
 CTA normalizes); above, the norm is its own launch (eight), and the attention's chunks
-grow to whole contexts once the sequences fill the GPU, so no combine is needed there.
+grow to whole contexts once the sequences fill the GPU, so no combine is needed there
+(or, ``attention_chunk``, split finer than the GPU holds, merged by their last CTA).
 From batch 2 the experts are grouped by expert on the GPU (``expert_gemm``: each
 expert's weights read once); at batch 1, one CTA per slot row (``grouped_gemv``). Above
 64 rows the projections and experts use cuBLAS. The standard path appends to the cache
@@ -121,6 +122,11 @@ class MoELayer:
         self.attention_lines = False
         #: with attention_mma: stages of its tile (one of presets.ATTN_LAYER_STAGES)
         self.attention_stages = ATTN_MMA_LAYER[1]
+        #: with attention_mma and attention_merge: the chunk length (0: ops' automatic
+        #: one); shorter than the context when the sequences already fill the GPU, the
+        #: chunks outnumber the CTAs it holds and the block scheduler hands the next one
+        #: to whichever SM frees first (one CTA a sequence leaves the faster SMs idle)
+        self.attention_chunk = 0
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -172,7 +178,9 @@ class MoELayer:
                                    max_len=kv.context, k_new=kn, v_new=vn, pdl=pdl,
                                    mma=self.attention_mma, threads=threads, stages=stages,
                                    merge=self.attention_merge,
-                                   lines=self.attention_mma and self.attention_lines)
+                                   lines=self.attention_mma and self.attention_lines,
+                                   chunk=(self.attention_chunk or None) if self.attention_mma
+                                   else None)
         return out.view(qkv.shape[0], cfg.heads * cfg.head_dim)
 
     def fused(self, x_slots: torch.Tensor, residual: torch.Tensor,

@@ -115,6 +115,11 @@ class LayerConfig:
                         lines=lines))
             if not direct:
                 out.append(attention_combine_spec(self.head_dim, c, pdl=pdl))
+            if mma and direct and batch > GEMV_MAX_ROWS:  # split finer than the GPU holds
+                out += [decode_attention_spec(
+                    self.head_dim, self.group, self.page, split, direct=False, pdl=pdl,
+                    fresh=True, mma=True, threads=threads, stages=stages, merge=True,
+                    lines=True) for split in ATTN_LAYER_SPLITS if split < context]
         return out
 
     def specs(self, batch: int) -> list[KernelSpec]:
@@ -202,6 +207,10 @@ ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2), (256, 3), (128, 6))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 #: stage counts of that tile the layer may take (``MoELayer.attention_stages``)
 ATTN_LAYER_STAGES = (ATTN_MMA_LAYER[1], 2)
+#: chunk lengths the layer's tensor-core attention may take when its sequences already
+#: fill the GPU (``MoELayer.attention_chunk``, merged by the last CTA): more chunks than
+#: the GPU holds, so SMs that stream faster take more of them
+ATTN_LAYER_SPLITS = (2048, 4096, 8192)
 #: (threads, stages) tiles of the tensor-core attention whose CTA reads every KV head of
 #: its chunk (:data:`ATTN_ALL_HEADS` of them: whole pages), tried on the bench's shape
 ATTN_HEADS_TILES = ((128, 3), (256, 2), (256, 3), (128, 6))
@@ -248,7 +257,7 @@ def mla_variants() -> list[KernelSpec]:
 TIMELINE_TILES = ((1, 1024, 256, 2, True, 0), (1, 512, 128, 2, True, 0),
                   (1, 128, 256, 2, True, 33), (1, 128, 256, 2, True, 66),
                   (1, 64, 128, 2, True, 66), (64, 32768, 128, 2, True, 0),
-                  (64, 64, 128, 2, True, 2))
+                  (64, 64, 128, 2, True, 2), (64, 2048, 128, 2, True, 0))
 TIMELINE_CONTEXT = 32768
 
 

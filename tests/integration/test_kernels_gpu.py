@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.gpu,
 from agentload.kernels import KernelsError, LayerConfig, ops  # noqa: E402
 from agentload.kernels import reference as ref  # noqa: E402
 from agentload.kernels.layer import KVState, MoELayer  # noqa: E402
+from agentload.kernels.presets import ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -249,6 +250,23 @@ def test_layer_paths_match_reference(batch: int, context: int, mma: bool, merge:
         assert ref.rel_err(got, layer.reference(x, r, ids, kv=kv)) < ref.BF16_TOL
         _, off = layer.routing_check(x, r, ids, kv=kv)
         assert off == 0  # routing differs from float64 only at near-ties
+
+
+@pytest.mark.parametrize("stages", ATTN_LAYER_STAGES)
+def test_layer_attention_split_finer_than_the_gpu_matches_reference(stages: int) -> None:
+    # batch 64 fills the GPU with whole contexts; 2048-token chunks, merged by their last
+    # CTA, the step's own token in the second
+    cfg = LayerConfig()
+    layer = MoELayer(cfg, "cuda", seed=5)
+    layer.attention_mma = layer.attention_merge = layer.attention_lines = True
+    layer.attention_stages, layer.attention_chunk = stages, ATTN_LAYER_SPLITS[0]
+    x, r = layer.inputs(64, seed=6)
+    kv = KVState.random(cfg, 64, 2 * ATTN_LAYER_SPLITS[0], "cuda", seed=7)
+    for _ in range(2):  # the merging CTAs re-arm their counters for the next call
+        got = MoELayer.result(layer.fused(x, r, kv))
+        ids = layer.last_ids
+        assert ids is not None
+        assert ref.rel_err(got, layer.reference(x, r, ids, kv=kv)) < ref.BF16_TOL
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64])
