@@ -291,7 +291,8 @@ def decode_attention_mla(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     slices = 1 if shared else value_dim // 128  # CTAs per chunk
     step, per_sm = mma_chunk_rules(dk, h, page, threads, stages, value_dim, True,
                                    shared=shared)
-    c = chunk or attention_chunk(b, slices, max_len, step=step, ctas_per_sm=per_sm)
+    c = chunk or attention_chunk(b, slices, max_len, sms=_sms(q.device), step=step,
+                                 ctas_per_sm=per_sm)
     splits = -(-max_len // c)
     direct = splits == 1
     merged = merge and not direct
@@ -383,8 +384,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                                  ctas_per_sm=per_sm)
         splits = max(1, min(fill, -(-max_len // step)))
     else:
-        c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, step=step,
-                                     ctas_per_sm=per_sm)
+        c = chunk or attention_chunk(b, hkv // kv_heads_per_cta, max_len, sms=_sms(q.device),
+                                     step=step, ctas_per_sm=per_sm)
         splits = -(-max_len // c)
     direct = splits == 1 and not dynamic
     merged = merge and mma and not direct
