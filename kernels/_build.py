@@ -100,7 +100,8 @@ def _launcher_and_args(spec: KernelSpec) -> tuple[Any, tuple[Any, ...]]:
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")) // 32, int(g("st")),
                 bool(g("direct")), bool(g("pdl", False)), bool(g("fresh", False)), dv,
                 bool(g("latent", False)), bool(g("merge", False)), int(g("kh", 1)),
-                bool(g("kl", False)), bool(g("tl", False)), bool(g("dyn", False)))
+                bool(g("kl", False)), bool(g("tl", False)), bool(g("dyn", False)),
+                int(g("dfx", 0)))
         else:
             fn = _cute_attention.DecodeAttention(
                 d, int(g("g")), int(g("p")), int(g("c")), int(g("t")), int(g("u")),

@@ -493,7 +493,7 @@ class DecodeAttentionMma:
                  stages: int, direct: bool, pdl: bool = False, fresh: bool = False,
                  value_dim: int = 0, latent: bool = False, merge: bool = False,
                  kv_heads: int = 1, lines: bool = False, timeline: bool = False,
-                 dynamic: bool = False) -> None:
+                 dynamic: bool = False, dynamic_fixed: int = 0) -> None:
         self.D, self.G, self.P, self.C = head_dim, group, page, chunk
         # timeline (a diagnostic): thread 0 stamps %globaltimer at the CTA's phases and
         # writes the stamps over its first head's partial output (kernels.tools.attn_probe)
@@ -501,6 +501,7 @@ class DecodeAttentionMma:
         # dynamic: the CTAs of a (sequence, KV head) take its tiles from a shared counter
         # (see run_dynamic) instead of a chunk each
         self.DYN = dynamic
+        self.DFX = dynamic_fixed  # quarters of a warp's even share dealt out statically
         self.HC = kv_heads  # KV heads per CTA: warp w takes head w % HC of the CTA's
         self.WH = warps // kv_heads  # warps per KV head
         # lines: a tile's keys copied in whole 128-byte lines (row-major in the stage,
@@ -716,9 +717,10 @@ class DecodeAttentionMma:
         """The dynamic split: the ``slots`` CTAs of a (sequence, KV head) share its
         16-token tiles, so a CTA on a slower SM takes fewer (a static chunk each leaves the
         fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
-        (no atomic on the ramp); later ones come one at a time from the (sequence, KV head)
-        counter ``mCnt[ci]``. A tile is taken two iterations before its ``cp.async`` (the
-        atomic has an iteration's math to return; the tile's page id is then read before
+        (no atomic on the ramp), or with ``DFX`` that many quarters of its even share;
+        later ones come one at a time from the (sequence, KV head) counter ``mCnt[ci]``.
+        A tile is taken two iterations before its ``cp.async`` (the atomic has an
+        iteration's math to return; the tile's page id is then read before
         the next iteration's math, which hides its latency), with two stages. The CTA's
         state covers whatever it took, written as one partial (slot ``split``);
         :class:`AttentionCombineEvery` re-arms the counters. Returns the timeline's stamps
@@ -729,9 +731,16 @@ class DecodeAttentionMma:
         slots = mOP.shape[2]
         ci = b * mK.shape[2] + kvh
         n_tiles = (seq_len + 15) // 16
-        fixed = 2 * slots * WH  # tiles dealt out before any is taken
-        k0 = split * WH + warp
-        k1 = k0 + slots * WH
+        stride = slots * WH
+        # the warp's tiles own + j * stride, j < rounds, are its own (no atomic): the
+        # ramp's two, or DFX quarters of its even share; the counter deals out the rest
+        rounds = Int32(2)
+        if cutlass.const_expr(self.DFX > 0):
+            rounds = cutlass.max(rounds, (n_tiles // stride) * self.DFX // 4)
+        fixed = rounds * stride  # tiles dealt out before any is taken
+        own = split * WH + warp
+        k0 = own
+        k1 = k0 + stride
         stamp1 = Int32(0)
         if cutlass.const_expr(self.TL):
             stamp1 = cute.arch.globaltimer_lo()
@@ -742,7 +751,7 @@ class DecodeAttentionMma:
         cute.arch.cp_async_commit_group()
         # the third tile taken now; the second's page id read while the first flies
         raw2 = Int32(0)
-        if lane == 0 and k1 < n_tiles:
+        if lane == 0 and k1 < n_tiles and rounds <= 2:
             raw2 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
                                         scope="gpu")
         p1 = Int32(0)
@@ -764,14 +773,18 @@ class DecodeAttentionMma:
             # the tile three ahead taken (in flight during this tile's math); the one two
             # ahead, taken an iteration ago, gets its page id
             raw3 = Int32(0)
-            if lane == 0 and k1 < n_tiles:
+            if lane == 0 and k1 < n_tiles and it + 3 >= rounds:
                 raw3 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
                                             scope="gpu")
-            # the tile two ahead (its atomic returned during the last math) and its page id
-            # in flight during this math; past the tiles (k1 out) no take was made
+            # the tile two ahead (its own, or taken: the atomic returned during the last
+            # math) and its page id in flight during this math; past the tiles (k1 out)
+            # no take was made
             k2 = n_tiles
             if k1 < n_tiles:
-                k2 = fixed + cute.arch.shuffle_sync(raw2, 0)
+                if it + 2 < rounds:
+                    k2 = cutlass.min(own + (it + 2) * stride, n_tiles)
+                else:
+                    k2 = fixed + cute.arch.shuffle_sync(raw2, 0)
             p2 = Int32(0)
             if k2 < n_tiles:
                 p2 = mBT[b, (16 * k2) // P]

@@ -515,6 +515,7 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     time; torch = SDPA (GQA) over the same keys laid out contiguously, no paging."""
     from agentload.kernels.presets import (
         ATTN_ALL_HEADS,
+        ATTN_DYNAMIC_FIXED,
         ATTN_HEADS_TILES,
         ATTN_LAYER_SPLITS,
         ATTN_MMA_TILES,
@@ -542,14 +543,15 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
     want = reference.paged_decode_attention(qs[0], kc[0], vc[0], table, lens)
     auto = attention_chunk(batch, hkv, ctx, sms=rep.ceil.sms)
     # (chunk, threads, unroll, pipe, mma, stages, merge, KV heads a CTA, key lines,
-    # dynamic CTAs a head or 0): CUDA-core tiles, tensor-core ones, those whose last CTA
-    # merges the chunks (split contexts only), those whose CTA reads every KV head of its
-    # chunk (whole pages), those copying keys in whole lines, and the dynamic split (CTAs
-    # taking tiles from a shared counter: no chunk)
-    tiles = [(c, t, u, p, False, 3, False, 1, False, 0)
+    # dynamic CTAs a head or 0, quarters dealt out statically first): CUDA-core tiles,
+    # tensor-core ones, those whose last CTA merges the chunks (split contexts only),
+    # those whose CTA reads every KV head of its chunk (whole pages), those copying keys
+    # in whole lines, and the dynamic split (CTAs taking tiles from a shared counter: no
+    # chunk)
+    tiles = [(c, t, u, p, False, 3, False, 1, False, 0, 0)
              for c, (t, u, p) in itertools.product(ATTN_CHUNKS, ATTN_TILES)]
     for kh, mma_tiles in ((1, ATTN_MMA_TILES), (ATTN_ALL_HEADS, ATTN_HEADS_TILES)):
-        tiles += [(c, t, 4, False, True, st, mg, kh, kl, 0)
+        tiles += [(c, t, 4, False, True, st, mg, kh, kl, 0, 0)
                   for c, (t, st), mg, kl in itertools.product(ATTN_CHUNKS, mma_tiles,
                                                               (False, True), (False, True))
                   if c % mma_chunk_rules(d, hq // hkv, page, t, st, d, False, kv_heads=kh)[0]
@@ -564,11 +566,15 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
         if st == 2:  # as many CTAs a (sequence, KV head) as fill the GPU, and twice that
             per_sm = mma_chunk_rules(d, hq // hkv, page, t, st, d, False)[1]
             fill = dynamic_fill_ctas(batch, hkv, sms=rep.ceil.sms, ctas_per_sm=per_sm)
-            tiles += [(0, t, 4, False, True, 2, False, 1, kl, n) for n in (fill, 2 * fill)]
+            tiles += [(0, t, 4, False, True, 2, False, 1, kl, n, 0) for n in (fill, 2 * fill)]
+            if kl:  # its warps' first quarters dealt out statically, the rest counted
+                tiles += [(0, t, 4, False, True, 2, False, 1, kl, fill, fx)
+                          for fx in ATTN_DYNAMIC_FIXED]
 
     def tag(tl: tuple[Any, ...]) -> str:
-        c, threads, unroll, pipe, mma, stages, merge, kh, kl, dyn = tl
-        return ((f"dynamic {dyn} a head" if dyn else f"chunk {c}")
+        c, threads, unroll, pipe, mma, stages, merge, kh, kl, dyn, fixed = tl
+        return ((f"dynamic {dyn} a head" + (f" {fixed}/4 own" if fixed else "")
+                 if dyn else f"chunk {c}")
                 + f" mma t{threads} s{stages}" + (" merge" if merge else "")
                 + (f" {kh} heads a CTA" if kh > 1 else "")
                 + (" lines" if kl else "") if mma
@@ -579,7 +585,8 @@ def bench_attention(rep: Report, batch: int, ctx: int) -> None:
                                     out=outs[i], chunk=tl[0] or None, threads=tl[1],
                                     unroll=tl[2], pipe=tl[3], mma=tl[4], stages=tl[5],
                                     merge=tl[6], kv_heads_per_cta=tl[7], lines=tl[8],
-                                    dynamic=bool(tl[9]), dynamic_ctas=tl[9], pdl=pdl)
+                                    dynamic=bool(tl[9]), dynamic_ctas=tl[9],
+                                    dynamic_fixed=tl[10], pdl=pdl)
 
     best = _best_tile(rep, f"attention ctx{ctx}", f"attention b{batch} ctx{ctx}", batch,
                       tiles, tag, lambda tl: tl[0] == auto, ours, want, outs, sets)

@@ -321,7 +321,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      threads: int = 128, unroll: int = 4, pipe: bool = False,
                      mma: bool = False, stages: int = 3, merge: bool = False,
                      kv_heads_per_cta: int = 1, lines: bool = False,
-                     dynamic: bool = False, dynamic_ctas: int = 0) -> torch.Tensor:
+                     dynamic: bool = False, dynamic_ctas: int = 0,
+                     dynamic_fixed: int = 0) -> torch.Tensor:
     """One decode step of attention over a paged KV cache (GQA), split over the context.
 
     ``q [B, Hq, D]`` bf16; ``k_cache, v_cache [pages, P, Hkv, D]`` bf16 (vLLM's layout);
@@ -346,7 +347,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     tiles from a shared counter, so SMs that stream slower take fewer (``chunk`` and
     ``merge`` do not apply; a combine always follows). ``dynamic_ctas``: that many CTAs
     a (sequence, KV head) instead (more than fill the GPU: later ones start as earlier
-    ones finish, and help whichever head they belong to).
+    ones finish, and help whichever head they belong to). ``dynamic_fixed`` (1-3): each
+    warp first streams that many quarters of its even share of the tiles as its own (no
+    atomic), and only the rest come from the counter.
     """
     _check_heads(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -392,7 +395,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     spec = decode_attention_spec(d, hq // hkv, page, c, direct=direct, pdl=pdl,
                                  fresh=k_new is not None, threads=threads, unroll=unroll,
                                  pipe=pipe, mma=mma, stages=stages, merge=merged,
-                                 kv_heads=kv_heads_per_cta, lines=lines, dynamic=dynamic)
+                                 kv_heads=kv_heads_per_cta, lines=lines, dynamic=dynamic,
+                                 dynamic_fixed=dynamic_fixed)
     # the combine's spec before any launch: a shape it refuses fails with nothing written
     combine = (None if direct or merged
                else attention_combine_spec(d, c, pdl=pdl, every=dynamic))

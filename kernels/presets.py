@@ -250,6 +250,9 @@ def mla_variants() -> list[KernelSpec]:
     return out
 
 
+#: quarters of each warp's even share the dynamic split deals out statically before its
+#: counter (``dynamic_fixed``) that the bench tries beside the ramp's two tiles
+ATTN_DYNAMIC_FIXED = (2, 3)
 #: tiles ``attn_probe --timeline`` stamps, as (batch, chunk, threads, stages, lines,
 #: dynamic CTAs a (sequence, KV head) or 0) at a 32k context over the attention bench's
 #: shape (16 q / 4 KV heads of 128, pages of 16); a dynamic tile's chunk is one
@@ -320,15 +323,18 @@ def attention_variants() -> list[KernelSpec]:
 
 def dynamic_attention_variants(d: int, g: int, p: int) -> list[KernelSpec]:
     """The dynamic split (CTAs taking tiles from a shared counter) on each two-stage
-    tensor-core tile, keys in lines or not, plain and PDL, and their combines."""
+    tensor-core tile, keys in lines or not, plain and PDL, and their combines; with
+    lines also each of :data:`ATTN_DYNAMIC_FIXED` quarters dealt out statically first."""
     out: list[KernelSpec] = []
     for (threads, stages), lines, pdl in itertools.product(
             ATTN_MMA_TILES, (False, True), (False, True)):
         if stages == 2:
             step, _ = mma_chunk_rules(d, g, p, threads, stages, d, False)
-            out.append(decode_attention_spec(d, g, p, step, direct=False, threads=threads,
-                                             mma=True, stages=2, lines=lines, pdl=pdl,
-                                             dynamic=True))
+            for fixed in (0, *ATTN_DYNAMIC_FIXED) if lines else (0,):
+                out.append(decode_attention_spec(d, g, p, step, direct=False,
+                                                 threads=threads, mma=True, stages=2,
+                                                 lines=lines, pdl=pdl, dynamic=True,
+                                                 dynamic_fixed=fixed))
             out.append(attention_combine_spec(d, step, pdl=pdl, every=True))
     return out
 

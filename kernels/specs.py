@@ -234,7 +234,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                           latent: bool = False, merge: bool = False,
                           shared: bool = False, kv_heads: int = 1,
                           lines: bool = False, timeline: bool = False,
-                          dynamic: bool = False) -> KernelSpec:
+                          dynamic: bool = False, dynamic_fixed: int = 0) -> KernelSpec:
     """Split-KV decode attention over a paged cache: ``group`` query heads per KV head,
     ``page`` tokens per cache page, ``chunk`` tokens per CTA; ``direct`` writes the bf16
     output itself (every context fits one chunk, no combine); ``fresh`` takes the step's
@@ -259,7 +259,9 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
     ``kernels.tools.attn_probe --timeline``. ``dynamic`` (tensor cores, GQA, 2 stages,
     split): the CTAs of a (sequence, KV head) take its 16-token tiles from a shared
     counter instead of a chunk each, one partial per CTA (``chunk`` is then one
-    iteration's tokens; the combine takes every partial)."""
+    iteration's tokens; the combine takes every partial); ``dynamic_fixed`` (1-3) deals
+    that many quarters of each warp's even share of the tiles out statically first (no
+    atomic for them), the counter giving out only the rest."""
     if shared:
         return _mla_shared_spec(head_dim, group, page, chunk, direct=direct, stages=stages,
                                 pdl=pdl, value_dim=value_dim, latent=latent, merge=merge,
@@ -269,7 +271,7 @@ def decode_attention_spec(head_dim: int, group: int, page: int, chunk: int, *,
                                    threads=threads, stages=stages, pdl=pdl, fresh=fresh,
                                    value_dim=value_dim, latent=latent, merge=merge,
                                    kv_heads=kv_heads, lines=lines, timeline=timeline,
-                                   dynamic=dynamic)
+                                   dynamic=dynamic, dynamic_fixed=dynamic_fixed)
     if lines:
         raise KernelsError("lines (keys copied in whole lines) needs mma")
     if kv_heads != 1:
@@ -339,7 +341,7 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
                         value_dim: int = 0, latent: bool = False,
                         merge: bool = False, kv_heads: int = 1,
                         lines: bool = False, timeline: bool = False,
-                        dynamic: bool = False) -> KernelSpec:
+                        dynamic: bool = False, dynamic_fixed: int = 0) -> KernelSpec:
     if merge and direct:
         raise KernelsError("merge applies to a context split over chunks (direct needs none)")
     if latent:
@@ -411,6 +413,12 @@ def _mma_attention_spec(head_dim: int, group: int, page: int, chunk: int, *, dir
             raise KernelsError("dynamic splits GQA attention (one KV head a CTA, 2 stages) "
                                "whose combine follows: not MLA, merge, direct or fresh")
         items["dyn"] = True
+        if not 0 <= dynamic_fixed <= 3:
+            raise KernelsError(f"dynamic_fixed is 0..3 quarters, got {dynamic_fixed}")
+        if dynamic_fixed:
+            items["dfx"] = dynamic_fixed
+    elif dynamic_fixed:
+        raise KernelsError("dynamic_fixed applies to the dynamic split only")
     return _spec("decode_attn", pdl, **items)
 
 

@@ -116,6 +116,25 @@ def test_the_dynamic_split_gives_the_same_answer(lens: list[int], threads: int, 
         assert ref.rel_err(out, want) < ref.BF16_TOL
 
 
+@pytest.mark.parametrize("fixed", [2, 3])
+@pytest.mark.parametrize(("lens", "threads", "ctas"), [
+    ([32768], 256, 0),              # batch 1: each warp's first 3/4 of ~8 tiles its own
+    ([32768], 256, 66),             # two waves: the second's own tiles come late
+    ([5000, 1234, 1, 700], 128, 0),  # ragged: own tiles past a short sequence's end
+    ([40], 256, 0),                 # fewer tiles than a round: the ramp's two only
+])
+def test_the_dynamic_split_with_own_tiles_first_gives_the_same_answer(
+        lens: list[int], threads: int, ctas: int, fixed: int) -> None:
+    q, k, v, table, seq = paged_case(lens, 16, 4, seed=23)
+    want = ref.paged_decode_attention(q, k, v, table, seq)
+    for _ in range(3):  # the counters re-armed each time
+        out = torch.full_like(q, float("nan"))
+        ops.decode_attention(q, k, v, table, seq, max_len=max(lens), out=out, mma=True,
+                             threads=threads, stages=2, lines=True, dynamic=True,
+                             dynamic_ctas=ctas, dynamic_fixed=fixed)
+        assert ref.rel_err(out, want) < ref.BF16_TOL
+
+
 def test_the_dynamic_split_replays_in_a_cuda_graph_with_pdl() -> None:
     q, k, v, table, seq = paged_case([8192, 100], 16, 4, seed=6)
     out = torch.empty_like(q)
