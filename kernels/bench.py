@@ -758,7 +758,8 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             tried = {"default": fus_g}
             base_knobs = {"attention_mma": False, "attention_merge": False,
                           "attention_lines": False, "attention_stages": ATTN_MMA_LAYER[1],
-                          "expert_pass_tiles": 0, "attention_chunk": 0}
+                          "expert_pass_tiles": 0, "attention_chunk": 0, "gemv_threads": 0,
+                          "expert_threads": 128}
             best_knobs = dict(base_knobs)
             for knobs in layer_knobs(b, ctx):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
@@ -812,8 +813,14 @@ def layer_knobs(batch: int, context: int) -> list[dict[str, Any]]:
     and (above the GEMV's rows) the expert GEMM in passes of 1-2 tiles; on tensor cores
     also the keys copied in whole lines and the tile's other stage count; and, where the
     sequences alone fill the GPU, the context split finer than it holds (merged, with
-    lines, experts in passes of 2 tiles)."""
-    from agentload.kernels.presets import ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES
+    lines, experts in passes of 2 tiles); and above the GEMV's rows the projection GEMVs
+    and the expert GEMM on more warps."""
+    from agentload.kernels.presets import (
+        ATTN_LAYER_SPLITS,
+        ATTN_LAYER_STAGES,
+        LAYER_EXPERT_THREADS,
+        LAYER_GEMV_THREADS,
+    )
 
     passes = (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,)
     attention = [(False, False, False, ATTN_MMA_LAYER[1])]
@@ -830,6 +837,13 @@ def layer_knobs(batch: int, context: int) -> list[dict[str, Any]]:
                  "attention_stages": stages, "expert_pass_tiles": 2, "attention_chunk": c}
                 for c, stages in itertools.product(ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES)
                 if c < context]
+        # the projection GEMVs with more warps, on the best attention of runs 10-14
+        out += [{"attention_mma": True, "attention_merge": merge, "attention_lines": True,
+                 "attention_stages": 2, "expert_pass_tiles": pt, "gemv_threads": t,
+                 "expert_threads": et}
+                for t, merge, pt, et in itertools.product(
+                    (0, *LAYER_GEMV_THREADS), (False, True), (1, 2),
+                    (128, *LAYER_EXPERT_THREADS)) if t or et != 128]
     return out
 
 

@@ -127,6 +127,11 @@ class MoELayer:
         #: chunks outnumber the CTAs it holds and the block scheduler hands the next one
         #: to whichever SM frees first (one CTA a sequence leaves the faster SMs idle)
         self.attention_chunk = 0
+        #: above GEMV_MAX_ROWS rows: the q/k/v and o-projection GEMVs' threads (0: the
+        #: op's 128); more warps split K finer, so more weight loads are in flight
+        self.gemv_threads = 0
+        #: threads of the expert GEMM's CTAs (each owns 16 weight rows; warps split K)
+        self.expert_threads = 128
         self._first_kv: dict[int, KVState] = {}
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, i, e = cfg.hidden, cfg.inter, cfg.experts
@@ -194,14 +199,15 @@ class MoELayer:
             # Seven to nine launches, each a PDL dependent of the one before (see ops).
             p = self.pdl
             xn, h0 = ops.add_rmsnorm(x_slots, residual, self.w_in, cfg.eps, pdl=p)
-            qkv = ops.gemv(xn, self.wqkv, pdl=p)
+            gt = (self.gemv_threads or None) if m > GEMV_MAX_ROWS else None
+            qkv = ops.gemv(xn, self.wqkv, pdl=p, threads=gt)
             attn = self._attention(qkv, kv, p)
             if m <= GEMV_MAX_ROWS:
                 h, hn = ops.oproj_residual_rmsnorm(attn, self.wo, h0, self.w_post, cfg.eps,
                                                    pdl=p)
             else:
                 # the fused norm's last CTA would re-read every row alone: its own launch
-                o = ops.gemv(attn, self.wo, pdl=p)
+                o = ops.gemv(attn, self.wo, pdl=p, threads=gt)
                 hn, h = ops.add_rmsnorm(o, h0, self.w_post, cfg.eps, pdl=p)
             _, ids, wts = ops.moe_router(hn, self.wr, self.bias, topk=cfg.topk,
                                          groups=cfg.groups, topk_group=cfg.topk_group,
@@ -217,9 +223,10 @@ class MoELayer:
                 pt = self.expert_pass_tiles
                 act = ops.expert_gemm(hn, self.w_gu, flat_ids, flat_w, silu=True,
                                       div=cfg.slots, tokens=m, slots=cfg.slots, pdl=p,
-                                      pass_tiles=pt)
+                                      pass_tiles=pt, threads=self.expert_threads)
                 y = ops.expert_gemm(act, self.w_down, flat_ids, flat_w, silu=False, div=1,
-                                    tokens=m, slots=cfg.slots, pdl=p, pass_tiles=pt)
+                                    tokens=m, slots=cfg.slots, pdl=p, pass_tiles=pt,
+                                    threads=self.expert_threads)
             return y.view(m, cfg.slots, cfg.hidden), h
 
     def _fused_cublas(self, x_slots: torch.Tensor, residual: torch.Tensor, kv: KVState

@@ -199,19 +199,20 @@ def grouped_gemv(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: tor
 def expert_gemm(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, scale: torch.Tensor,
                 *, silu: bool, div: int, tokens: int, slots: int,
                 out: torch.Tensor | None = None, pdl: bool = False,
-                pass_tiles: int = 0) -> torch.Tensor:
+                pass_tiles: int = 0, threads: int = 128) -> torch.Tensor:
     """:func:`grouped_gemv`'s rows on tensor cores, grouped by expert on the GPU.
 
     ``ids``/``scale`` are the router's flattened ``[M * slots]`` slots; ``tokens`` bounds
     the rows any one expert receives (the batch ``M``; it picks the compiled variant).
     Each CTA gathers its expert's rows itself, so every expert's weights are read once
-    (``pass_tiles``: that many 8-token tiles per pass over the weights, see the spec).
+    (``pass_tiles``: that many 8-token tiles per pass over the weights, see the spec;
+    ``threads``: the CTA's warps split K between them).
     """
     k, n, e, r = _check_slot_rows(x, w, ids, scale, div)
     if r > tokens * slots:
         raise KernelsError(f"{r} slot rows exceed tokens {tokens} x slots {slots}")
     spec = expert_gemm_spec(k, n, e, tokens=tokens, slots=slots, div=div, silu=silu, pdl=pdl,
-                            pass_tiles=pass_tiles)
+                            pass_tiles=pass_tiles, threads=threads)
     y = _out(out, "out", _BF16, (r, n // 2 if silu else n), x)
     _cache.get(spec)(x, w, ids, scale, y)
     return y

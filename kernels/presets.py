@@ -144,13 +144,19 @@ class LayerConfig:
                             grouped_gemv_spec(self.inter, h, e, div=1, silu=False, pdl=pdl)]
                 else:
                     out += [gemv_spec(h, h, batch, pdl=pdl), add_rmsnorm_spec(h, 1, pdl=pdl)]
-                # the expert GEMM in one pass; above 16 rows also in passes of 1-2 tiles
+                    # the projections' wider tiles (MoELayer.gemv_threads)
+                    out += [gemv_spec(h, n, batch, pdl=pdl, threads=t)
+                            for n in (self.qkv_out, h) for t in LAYER_GEMV_THREADS]
+                # the expert GEMM in one pass; above 16 rows also in passes of 1-2 tiles,
+                # and those on more warps (MoELayer.expert_threads)
                 for pt in (0, 1, 2) if batch > GEMV_MAX_ROWS else (0,) if batch >= 2 else ():
-                    out += [expert_gemm_spec(h, 2 * self.inter, e, tokens=batch,
-                                             slots=self.slots, div=self.slots, silu=True,
-                                             pdl=pdl, pass_tiles=pt),
-                            expert_gemm_spec(self.inter, h, e, tokens=batch, slots=self.slots,
-                                             div=1, silu=False, pdl=pdl, pass_tiles=pt)]
+                    for t in (128, *LAYER_EXPERT_THREADS) if pt else (128,):
+                        out += [expert_gemm_spec(h, 2 * self.inter, e, tokens=batch,
+                                                 slots=self.slots, div=self.slots, silu=True,
+                                                 pdl=pdl, pass_tiles=pt, threads=t),
+                                expert_gemm_spec(self.inter, h, e, tokens=batch,
+                                                 slots=self.slots, div=1, silu=False, pdl=pdl,
+                                                 pass_tiles=pt, threads=t)]
             return out
         out.append(silu_mul_spec(self.inter))
         return out
@@ -178,7 +184,8 @@ def gemv_variants(k: int, n: int, rows: int) -> list[KernelSpec]:
         out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=False))
     # tensor cores at every row count: 16 or 32 outputs per CTA, K split over its warps
     if rows <= MMA_MAX_ROWS:
-        for threads, opb in ((128, 16), (64, 16), (256, 16), (256, 32)):
+        wide = ((512, 16),) if rows > GEMV_MAX_ROWS else ()  # 16 warps: K split finer
+        for threads, opb in ((128, 16), (64, 16), (256, 16), (256, 32), *wide):
             if k % threads == 0 and n % opb == 0:
                 out.append(gemv_spec(k, n, rows, opb=opb, threads=threads, mma=True))
     return out
@@ -207,6 +214,12 @@ ATTN_MMA_TILES = ((128, 3), (128, 2), (64, 4), (256, 2), (256, 3), (128, 6))
 ATTN_MMA_LAYER = ATTN_MMA_TILES[0]
 #: stage counts of that tile the layer may take (``MoELayer.attention_stages``)
 ATTN_LAYER_STAGES = (ATTN_MMA_LAYER[1], 2)
+#: threads the layer's projection GEMVs may take above GEMV_MAX_ROWS rows
+#: (``MoELayer.gemv_threads``) beside the op's default 128
+LAYER_GEMV_THREADS = (256, 512)
+#: threads the layer's expert GEMM may take in passes (``MoELayer.expert_threads``)
+#: beside its default 128
+LAYER_EXPERT_THREADS = (256,)
 #: chunk lengths the layer's tensor-core attention may take when its sequences already
 #: fill the GPU (``MoELayer.attention_chunk``, merged by the last CTA): more chunks than
 #: the GPU holds, so SMs that stream faster take more of them

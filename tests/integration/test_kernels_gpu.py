@@ -13,7 +13,11 @@ pytestmark = [pytest.mark.gpu,
 from agentload.kernels import KernelsError, LayerConfig, ops  # noqa: E402
 from agentload.kernels import reference as ref  # noqa: E402
 from agentload.kernels.layer import KVState, MoELayer  # noqa: E402
-from agentload.kernels.presets import ATTN_LAYER_SPLITS, ATTN_LAYER_STAGES  # noqa: E402
+from agentload.kernels.presets import (  # noqa: E402
+    ATTN_LAYER_SPLITS,
+    ATTN_LAYER_STAGES,
+    LAYER_GEMV_THREADS,
+)
 
 BF = torch.bfloat16
 
@@ -174,10 +178,12 @@ def router_like_ids(batch: int, cfg: LayerConfig, *, seed: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device="cuda").view(-1)
 
 
-@pytest.mark.parametrize(("batch", "tokens", "pass_tiles"),
-                         [(2, 2, 0), (8, 8, 0), (20, 64, 0), (64, 64, 0), (64, 64, 1),
-                          (64, 64, 2)])
-def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int, pass_tiles: int) -> None:
+@pytest.mark.parametrize(("batch", "tokens", "pass_tiles", "threads"),
+                         [(2, 2, 0, 128), (8, 8, 0, 128), (20, 64, 0, 128), (64, 64, 0, 128),
+                          (64, 64, 1, 128), (64, 64, 2, 128), (64, 64, 1, 256),
+                          (64, 64, 2, 256)])
+def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int, pass_tiles: int,
+                                            threads: int) -> None:
     # Grouped by expert on the GPU: every slot row must come out as its own expert's
     # GEMV, whatever order the CTA gathered it in; (20, 64) runs fewer rows than compiled.
     cfg = LayerConfig()
@@ -187,9 +193,9 @@ def test_expert_gemm_matches_every_slot_row(batch: int, tokens: int, pass_tiles:
     ids = router_like_ids(batch, cfg, seed=batch)
     sc = torch.rand(batch * s, device="cuda")
     act = ops.expert_gemm(x, wgu, ids, sc, silu=True, div=s, tokens=tokens, slots=s,
-                          out=nan(batch * s, i), pass_tiles=pass_tiles)
+                          out=nan(batch * s, i), pass_tiles=pass_tiles, threads=threads)
     y = ops.expert_gemm(act, wd, ids, sc, silu=False, div=1, tokens=tokens, slots=s,
-                        out=nan(batch * s, h), pass_tiles=pass_tiles)
+                        out=nan(batch * s, h), pass_tiles=pass_tiles, threads=threads)
     torch.cuda.synchronize()
     for r in range(batch * s):
         want_act = ref.silu_mul(ref.gemv(x[r // s:r // s + 1], wgu[int(ids[r])]))
@@ -267,6 +273,25 @@ def test_layer_attention_split_finer_than_the_gpu_matches_reference(stages: int)
         ids = layer.last_ids
         assert ids is not None
         assert ref.rel_err(got, layer.reference(x, r, ids, kv=kv)) < ref.BF16_TOL
+
+
+@pytest.mark.parametrize("threads", LAYER_GEMV_THREADS)
+def test_layer_projection_gemvs_on_more_warps_match_reference(threads: int) -> None:
+    batch = 64  # above the FMA GEMV's rows: the tensor-core loop's K split over the warps
+    cfg = LayerConfig()
+    layer = MoELayer(cfg, "cuda", seed=8)
+    layer.attention_mma = layer.attention_lines = True
+    layer.gemv_threads = threads
+    x, r = layer.inputs(batch, seed=9)
+    kv = KVState.random(cfg, batch, 4096, "cuda", seed=10)
+    got = MoELayer.result(layer.fused(x, r, kv))
+    ids = layer.last_ids
+    assert ids is not None
+    assert ref.rel_err(got, layer.reference(x, r, ids, kv=kv)) < ref.BF16_TOL
+    for n in (cfg.qkv_out, cfg.hidden):  # and the op alone, against float32
+        xs, w = rnd(batch, cfg.hidden), rnd(n, cfg.hidden)
+        assert ref.rel_err(ops.gemv(xs, w, threads=threads), xs.float() @ w.float().T
+                           ) < ref.BF16_TOL
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64])
