@@ -720,9 +720,9 @@ class DecodeAttentionMma:
         (no atomic on the ramp), or with ``DFX`` that many quarters of its even share;
         later ones come one at a time from the (sequence, KV head) counter ``mCnt[ci]``.
         A tile is taken two iterations before its ``cp.async`` (the atomic has an
-        iteration's math to return; the tile's page id is then read before
-        the next iteration's math, which hides its latency), with two stages. The CTA's
-        state covers whatever it took, written as one partial (slot ``split``);
+        iteration's math to return; the tile's page id is then read before the next
+        iteration's math, which hides its latency), with two stages. The CTA's state
+        covers whatever it took, written as one partial (slot ``split``);
         :class:`AttentionCombineEvery` re-arms the counters. Returns the timeline's stamps
         (prologue, first tile, last)."""
         P: cutlass.Constexpr = self.P
