@@ -54,4 +54,9 @@ case " $steps " in *" probe "*)
 case " $steps " in *" bench "*)
   python3 -m agentload.kernels.bench kernels --ceilings "$OUT/ceilings.json" --out "$OUT/bench.json" \
     --trace-dir "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^  skip" ;; esac
+# A device call brings back at most 8 files: past that, the logs travel as one archive
+# (the JSONs and traces.tar.gz stay apart; the logs' tails are in the call's output).
+if [ "$(ls "$OUT" | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar -czf logs.tar.gz -- *.log *.txt && rm -f -- *.log *.txt)
+fi
 exit 0
