@@ -719,9 +719,10 @@ class DecodeAttentionMma:
         fast ones idle while the slow ones finish). Each warp's first two tiles are fixed
         (no atomic on the ramp), or with ``DFX`` that many quarters of its even share;
         later ones come one at a time from the (sequence, KV head) counter ``mCnt[ci]``.
-        A tile is taken two iterations before its ``cp.async`` (the atomic has an
-        iteration's math to return; the tile's page id is then read before the next
-        iteration's math, which hides its latency), with two stages. The CTA's state
+        A tile is taken two iterations before its ``cp.async``: at the end of an
+        iteration (ptxas makes the warp wait for the atomic's return right there, which
+        the wait for the next tile's data then covers); its page id is read before the
+        next iteration's math, which hides that latency. Two stages. The CTA's state
         covers whatever it took, written as one partial (slot ``split``);
         :class:`AttentionCombineEvery` re-arms the counters. Returns the timeline's stamps
         (prologue, first tile, last)."""
@@ -770,15 +771,9 @@ class DecodeAttentionMma:
                 self.issue_page(mK, mV, s_kv, p1, (16 * k1) % P, 16 * k1, seq_len, kvh, sl,
                                 (it + 1) % 2, warp, lane)
             cute.arch.cp_async_commit_group()
-            # the tile three ahead taken (in flight during this tile's math); the one two
-            # ahead, taken an iteration ago, gets its page id
-            raw3 = Int32(0)
-            if lane == 0 and k1 < n_tiles and it + 3 >= rounds:
-                raw3 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
-                                            scope="gpu")
-            # the tile two ahead (its own, or taken: the atomic returned during the last
-            # math) and its page id in flight during this math; past the tiles (k1 out)
-            # no take was made
+            # the tile two ahead (its own, or taken at the end of the last iteration) and
+            # its page id in flight during this math; past the tiles (k1 out) no take was
+            # made
             k2 = n_tiles
             if k1 < n_tiles:
                 if it + 2 < rounds:
@@ -790,6 +785,13 @@ class DecodeAttentionMma:
                 p2 = mBT[b, (16 * k2) // P]
             self.tile(atom, q_lo, q_hi, s_q, s_kv, it % 2, warp, lane, acc_o, run_max,
                       run_sum, 16 * k0, seq_len, qscale)
+            # the tile three ahead taken after the math: ptxas turns the one-lane atomic
+            # into a warp-aggregated one whose shuffle waits for its return at once, so
+            # here that wait overlaps the next tile's (run 13 had it before the math)
+            raw3 = Int32(0)
+            if lane == 0 and k1 < n_tiles and it + 3 >= rounds:
+                raw3 = cute.arch.atomic_add(mCnt.iterator + ci, Int32(1), sem="relaxed",
+                                            scope="gpu")
             k0 = k1
             k1 = k2
             p1 = p2
