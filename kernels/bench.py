@@ -714,6 +714,7 @@ def MoELayer_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: int,
                  contexts: Sequence[int] = CONTEXTS) -> list[MoELayer]:
     layers = [MoELayer(cfg, "cuda", seed=10 + i, index=i) for i in range(depth)]
+    defaults = {k: getattr(layers[0], k) for k in MoELayer.KNOBS}  # before any is tried
     gb = rep.ceil.copy_gbps
     print(f"\nlayer: hidden {cfg.hidden}, attention {cfg.heads} q / {cfg.kv_heads} kv heads of "
           f"{cfg.head_dim} over a paged cache (pages of {cfg.page}), {cfg.experts} experts "
@@ -756,15 +757,11 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
             fus_g = graph_us([stack("fused")], min_calls=1) / depth
             # the fused path's options, each checked and timed; the fastest is the row's
             tried = {"default": fus_g}
-            base_knobs = {"attention_mma": False, "attention_merge": False,
-                          "attention_lines": False, "attention_stages": ATTN_MMA_LAYER[1],
-                          "expert_pass_tiles": 0, "attention_chunk": 0, "gemv_threads": 0,
-                          "expert_threads": 128}
-            best_knobs = dict(base_knobs)
+            best_knobs = dict(defaults)
             for knobs in layer_knobs(b, ctx):
                 tag = ", ".join(f"{k}={v}" for k, v in knobs.items())
                 for lay in layers:
-                    for k, v in {**base_knobs, **knobs}.items():
+                    for k, v in {**defaults, **knobs}.items():
                         setattr(lay, k, v)
                 try:
                     got = MoELayer.result(layers[0].fused(x0, r0, kv0))
@@ -779,7 +776,7 @@ def bench_layers(rep: Report, cfg: LayerConfig, batches: Sequence[int], depth: i
                     continue
                 tried[tag] = us
                 if us < fus_g:
-                    fus_g, best_knobs = us, {**base_knobs, **knobs}
+                    fus_g, best_knobs = us, {**defaults, **knobs}
             for lay in layers:  # the kernel count, trace and SoL below use the best
                 for k, v in best_knobs.items():
                     setattr(lay, k, v)

@@ -104,6 +104,10 @@ class KVState:
 class MoELayer:
     """Weights of one layer (random, seeded) and its two paths."""
 
+    #: the fused path's options (attributes set after construction) the benchmark tries
+    KNOBS = ("attention_mma", "attention_merge", "attention_lines", "attention_stages",
+             "expert_pass_tiles", "attention_chunk", "gemv_threads", "expert_threads")
+
     def __init__(self, cfg: LayerConfig, device: torch.device | str, *, seed: int = 0,
                  index: int = 0, dtype: torch.dtype = _BF16) -> None:
         self.cfg, self.index = cfg, index

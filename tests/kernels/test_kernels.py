@@ -482,3 +482,23 @@ def test_the_probes_paged_kv_covers_every_page_once() -> None:
     assert lens.tolist() == [64, 64]
     _, _, in_order, _ = paged_kv(1, 64, 4, 1, shuffled=False, device="cpu")
     assert in_order.tolist() == [[0, 1, 2, 3]]
+
+
+def test_every_layer_knob_the_bench_tries_is_a_layer_option() -> None:
+    pytest.importorskip("torch")
+    from agentload.kernels.bench import layer_knobs
+    from agentload.kernels.layer import MoELayer
+
+    cfg = LayerConfig(hidden=256, heads=4, kv_heads=2, head_dim=64, page=4, experts=8,
+                      topk=2, groups=4, topk_group=2, inter=128)
+    layer = MoELayer(cfg, "cpu", seed=3)
+    for knob in MoELayer.KNOBS:  # each a plain attribute the bench may set and read back
+        assert hasattr(layer, knob), knob
+    for batch, context in ((1, 4096), (8, 32768), (64, 4096), (64, 32768)):
+        tried = layer_knobs(batch, context)
+        assert tried and all(set(k) <= set(MoELayer.KNOBS) for k in tried)
+    # above the GEMV's rows: the finer splits (shorter than the context only) and the
+    # wider GEMV and expert tiles
+    keys = {k for knobs in layer_knobs(64, 4096) for k in knobs}
+    assert {"attention_chunk", "gemv_threads", "expert_threads"} <= keys
+    assert all(k.get("attention_chunk", 0) < 4096 for k in layer_knobs(64, 4096))
